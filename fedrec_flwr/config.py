@@ -1,0 +1,273 @@
+"""Typed run configuration: defaults <- conf/ preset <- conf/ dataset file <- overrides.
+
+Every run (federated through `flwr run`, centralized, or a benchmark) resolves its
+settings here, so an unknown key or a wrong type fails before any work starts, with
+the offending key named.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+class ConfigError(ValueError):
+    """A configuration key, value or file is invalid; the message names it."""
+
+
+@dataclass
+class SyntheticConfig:
+    """Shape of the planted low-rank synthetic dataset."""
+
+    num_users: int = 600
+    num_items: int = 400
+    rank: int = 4
+    mean_degree: float = 40.0
+    degree_exponent: float = 2.2
+    noise_std: float = 0.25
+    test_fraction: float = 0.1
+
+
+@dataclass
+class DataConfig:
+    """Which dataset to load and where its files and cache live."""
+
+    name: str = "synthetic"
+    seed: int = 0  # synthetic generation and seeded splits; fixed across run seeds
+    data_dir: str = "data"
+    cache_dir: str = ".cache/fedrec"
+    download: bool = False
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass
+class ModelConfig:
+    """GNN encoder of a star graph plus dot-product rating predictor."""
+
+    gnn: str = "gat"
+    dim: int = 256
+    dropout: float = 0.2
+    heads: int = 1
+
+
+@dataclass
+class PrivacyConfig:
+    """FedGNN upload protection: pseudo items and local differential privacy."""
+
+    pseudo_items: int = 1000
+    ldp: bool = True
+    clip_delta: float = 0.1
+    noise_lambda: float = 0.2
+
+
+@dataclass
+class FederationConfig:
+    """Round structure of a federated run."""
+
+    rounds: int = 30
+    clients_per_round: int = 128
+    min_clients: int = 2
+    local_steps: int = 1
+    batch_size: int = 64
+    user_lr: float = 0.01
+    eval_every: int = 5
+    item_merge: str = "clients"  # "clients": divide by |S| (paper); "count": per-item count
+
+
+@dataclass
+class ServerOptConfig:
+    """Optimiser the strategy applies to the aggregated gradients."""
+
+    name: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.0
+
+
+@dataclass
+class ExpansionConfig:
+    """Privacy-preserving graph expansion with neighbour users."""
+
+    mode: str = "none"
+    epoch: int = 2
+    max_neighbours: int = 10
+
+
+@dataclass
+class CentralizedConfig:
+    """Reference trainer with all data in one place."""
+
+    epochs: int = 30
+    lr: float = 0.005
+    batch_users: int = 64
+    weight_decay: float = 0.0
+
+
+@dataclass
+class AppConfig:
+    """Everything a run needs, validated."""
+
+    algorithm: str = "fedgnn"
+    preset: str = "fedgnn"
+    seed: int = 0
+    output_dir: str = "outputs/latest"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
+    expansion: ExpansionConfig = field(default_factory=ExpansionConfig)
+    centralized: CentralizedConfig = field(default_factory=CentralizedConfig)
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "algorithm": ("fedgnn",),
+    "model.gnn": ("gat", "gcn", "ggnn"),
+    "federation.item_merge": ("clients", "count"),
+    "server_opt.name": ("sgd", "adam"),
+    "expansion.mode": ("none", "fixed", "trainable"),
+}
+_POSITIVE = (
+    "model.dim",
+    "model.heads",
+    "federation.rounds",
+    "federation.clients_per_round",
+    "federation.local_steps",
+    "federation.batch_size",
+    "federation.eval_every",
+    "server_opt.lr",
+    "centralized.epochs",
+    "centralized.batch_users",
+)
+_NON_NEGATIVE = ("privacy.pseudo_items", "privacy.clip_delta", "model.dropout", "expansion.max_neighbours")
+
+
+def _preset_path(name: str) -> Path:
+    return CONF_DIR / f"{name}.yaml"
+
+
+def dataset_conf_path(name: str) -> Path:
+    """conf/datasets/<name>.yaml, the per-dataset settings merged over a preset."""
+    return CONF_DIR / "datasets" / f"{name}.yaml"
+
+
+def _load_yaml(path: Path, what: str, known: list[str]):
+    if not path.is_file():
+        raise ConfigError(f"unknown {what} '{path.stem}': no file {path} (known: {', '.join(known)})")
+    try:
+        return OmegaConf.load(path)
+    except Exception as exc:  # yaml errors carry line numbers
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+
+
+def available_presets() -> list[str]:
+    """Names of the algorithm presets under conf/."""
+    return sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
+
+
+def available_dataset_confs() -> list[str]:
+    """Names of the dataset files under conf/datasets/."""
+    return sorted(p.stem for p in (CONF_DIR / "datasets").glob("*.yaml"))
+
+
+def parse_overrides(text: str) -> list[str]:
+    """Split a 'a.b=1 c=x' string (the run-config key `set`) into dotlist items."""
+    items = shlex.split(text.replace(",", " "))
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+    return items
+
+
+def _merge(base, layer, source: str):
+    try:
+        return OmegaConf.merge(base, layer)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "?"
+        raise ConfigError(f"{source}: invalid key '{key}': {exc.msg if hasattr(exc, 'msg') else exc}") from exc
+
+
+def _validate(cfg: AppConfig) -> None:
+    def get(path: str):
+        value: Any = cfg
+        for part in path.split("."):
+            value = getattr(value, part)
+        return value
+
+    for key, choices in _CHOICES.items():
+        if get(key) not in choices:
+            raise ConfigError(f"config key '{key}' = {get(key)!r}; expected one of {choices}")
+    for key in _POSITIVE:
+        if not get(key) > 0:
+            raise ConfigError(f"config key '{key}' = {get(key)!r}; expected a positive number")
+    for key in _NON_NEGATIVE:
+        if get(key) < 0:
+            raise ConfigError(f"config key '{key}' = {get(key)!r}; expected >= 0")
+    if cfg.privacy.ldp and cfg.privacy.noise_lambda <= 0:
+        raise ConfigError("config key 'privacy.noise_lambda' must be > 0 when privacy.ldp is true")
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        raise ConfigError(f"config key 'model.dropout' = {cfg.model.dropout}; expected 0 <= dropout < 1")
+    if cfg.federation.min_clients > cfg.federation.clients_per_round:
+        raise ConfigError("config key 'federation.min_clients' exceeds 'federation.clients_per_round'")
+
+
+def load_config(
+    preset: str = "fedgnn",
+    dataset: str | None = None,
+    overrides: list[str] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> AppConfig:
+    """Resolve a preset, a dataset file and key=value overrides into a validated AppConfig.
+
+    `extra` holds already-typed values (e.g. from Flower's run config) applied last.
+    """
+    cfg = OmegaConf.structured(AppConfig)
+    cfg = _merge(cfg, _load_yaml(_preset_path(preset), "preset", available_presets()), f"conf/{preset}.yaml")
+    cfg.preset = preset
+    if dataset:
+        ds_path = dataset_conf_path(dataset)
+        if ds_path.is_file():
+            cfg = _merge(cfg, OmegaConf.load(ds_path), f"conf/datasets/{dataset}.yaml")
+        cfg.data.name = dataset
+    if overrides:
+        try:
+            layer = OmegaConf.from_dotlist(list(overrides))
+        except Exception as exc:
+            raise ConfigError(f"overrides {overrides}: {exc}") from exc
+        cfg = _merge(cfg, layer, "override")
+    if extra:
+        cfg = _merge(cfg, OmegaConf.create(dict(extra)), "run config")
+    typed: AppConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
+    _validate(typed)
+    return typed
+
+
+def from_run_config(run_config: Mapping[str, Any]) -> AppConfig:
+    """Build the AppConfig from Flower's run config (pyproject [tool.flwr.app.config] + --run-config)."""
+    known = {"preset", "dataset", "data-dir", "output-dir", "seed", "set", "cache-dir"}
+    unknown = sorted(set(run_config) - known)
+    if unknown:
+        raise ConfigError(f"unknown run-config key(s) {unknown}; expected {sorted(known)}")
+    extra: dict[str, Any] = {}
+    if run_config.get("data-dir"):
+        extra.setdefault("data", {})["data_dir"] = str(run_config["data-dir"])
+    if run_config.get("cache-dir"):
+        extra.setdefault("data", {})["cache_dir"] = str(run_config["cache-dir"])
+    if run_config.get("output-dir"):
+        extra["output_dir"] = str(run_config["output-dir"])
+    if "seed" in run_config:
+        extra["seed"] = int(run_config["seed"])
+    overrides = parse_overrides(str(run_config.get("set", "")))
+    dataset = str(run_config.get("dataset") or "") or None
+    return load_config(str(run_config.get("preset", "fedgnn")), dataset, overrides, extra)
+
+
+def to_dict(cfg: AppConfig) -> dict[str, Any]:
+    """Plain-dict form of a config, for results files and for shipping to clients."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]

@@ -1,0 +1,57 @@
+"""Data layer: registry of datasets, loaders, synthetic generators and per-user partitions."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from .partition import UserData, UserPartitions, fingerprint, write_partitions
+from .registry import AnyDataset, dataset_names, get_spec, load_dataset, resolve_root
+from .types import DataError, Domain, MultiDomainDataset, RatingDataset, Ratings, RatingScale
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AnyDataset", "DataError", "Domain", "MultiDomainDataset", "RatingDataset", "Ratings", "RatingScale",
+    "UserData", "UserPartitions", "dataset_names", "load_from_config", "prepare_partitions",
+]
+
+
+def load_from_config(data_cfg) -> AnyDataset:
+    """Load the dataset a DataConfig names."""
+    return load_dataset(
+        data_cfg.name, data_cfg.data_dir, data_cfg.cache_dir, data_cfg.download, data_cfg.seed,
+        asdict(data_cfg.synthetic),
+    )
+
+
+def _build_key(data_cfg) -> dict:
+    if data_cfg.name.startswith("synthetic"):
+        return {"name": data_cfg.name, "seed": data_cfg.seed, "synthetic": asdict(data_cfg.synthetic)}
+    spec = get_spec(data_cfg.name)
+    root = resolve_root(spec, Path(data_cfg.data_dir), Path(data_cfg.cache_dir), data_cfg.download)
+    stats = {}
+    for f in spec.files:
+        st = (root / f.relpath).stat()
+        stats[f.relpath] = (str((root / f.relpath).resolve()), st.st_size, st.st_mtime_ns)
+    return {"name": spec.name, "seed": data_cfg.seed, "files": stats}
+
+
+def prepare_partitions(data_cfg) -> Path:
+    """Build (once) and return the per-user partition cache of a single-domain rating dataset."""
+    key = fingerprint(_build_key(data_cfg))
+    safe = data_cfg.name.replace(":", "_").replace("/", "_")
+    directory = Path(data_cfg.cache_dir) / "partitions" / f"{safe}-{key}"
+    if (directory / "meta.json").is_file():
+        return directory
+    t0 = time.time()
+    log.info("building per-user partitions of %s into %s", data_cfg.name, directory)
+    ds = load_from_config(data_cfg)
+    if not isinstance(ds, RatingDataset):
+        raise DataError(f"dataset '{data_cfg.name}' is multi-domain; per-user rating partitions need a rating dataset")
+    write_partitions(ds, directory, key)
+    log.info("partitions of %s ready: %d users, %d items, %d train / %d test ratings (%.1fs)",
+             ds.name, ds.num_users, ds.num_items, len(ds.train), len(ds.test), time.time() - t0)
+    return directory

@@ -1,0 +1,148 @@
+"""Loaders from the real file formats to RatingDataset / MultiDomainDataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .readers import check_ids, read_delimited, read_mat_v73
+from .types import DataError, Domain, MultiDomainDataset, RatingDataset, Ratings, RatingScale
+
+
+def _compact(train_raw: np.ndarray, test_raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Map raw ids (any integers) to 0..n-1 over the union of train and test."""
+    uniq, inv = np.unique(np.concatenate([train_raw, test_raw]), return_inverse=True)
+    return inv[: train_raw.size].astype(np.int64), inv[train_raw.size :].astype(np.int64), int(uniq.size)
+
+
+def _check_scale(path: Path, values: np.ndarray, scale: RatingScale) -> None:
+    bad = (values < scale.low) | (values > scale.high) | (np.abs(np.round((values - scale.low) / scale.step) * scale.step + scale.low - values) > 1e-4)
+    if bad.any():
+        idx = int(np.flatnonzero(bad)[0])
+        raise DataError(
+            f"{path}: rating {values[idx]} (entry {idx + 1}) is not on the scale "
+            f"{scale.low}..{scale.high} step {scale.step}"
+        )
+
+
+def load_split_files(name: str, train_path: Path, test_path: Path, sep: str | None, scale: RatingScale) -> RatingDataset:
+    """A dataset from a given train file and test file of `user sep item sep rating ...` lines."""
+    tr_u, tr_i, tr_r = read_delimited(train_path, sep, 3)
+    te_u, te_i, te_r = read_delimited(test_path, sep, 3)
+    for path, u, i, r in ((train_path, tr_u, tr_i, tr_r), (test_path, te_u, te_i, te_r)):
+        check_ids(path, "user", u, 0)
+        check_ids(path, "item", i, 0)
+        _check_scale(path, r, scale)
+    tr_u, te_u, n_users = _compact(tr_u, te_u)
+    tr_i, te_i, n_items = _compact(tr_i, te_i)
+    return RatingDataset(
+        name, n_users, n_items, scale, Ratings(tr_u, tr_i, tr_r), Ratings(te_u, te_i, te_r),
+        meta={"train_file": str(train_path), "test_file": str(test_path)},
+    ).validate(str(train_path))
+
+
+def load_ratings_dat(name: str, path: Path, scale: RatingScale, seed: int = 1234, test_fraction: float = 0.1) -> RatingDataset:
+    """MovieLens-1M/10M `user::item::rating::ts` with GC-MC's random split (permutation under `seed`)."""
+    users, items, values = read_delimited(path, "::", 3)
+    check_ids(path, "user", users, 0)
+    check_ids(path, "item", items, 0)
+    _check_scale(path, values, scale)
+    users, _, n_users = _compact(users, users[:0])
+    items, _, n_items = _compact(items, items[:0])
+    perm = np.random.RandomState(seed).permutation(users.size)
+    n_test = int(np.ceil(users.size * test_fraction))
+    test, train = perm[:n_test], perm[n_test:]
+    return RatingDataset(
+        name, n_users, n_items, scale,
+        Ratings(users[train], items[train], values[train]),
+        Ratings(users[test], items[test], values[test]),
+        meta={"file": str(path), "split_seed": seed},
+    ).validate(str(path))
+
+
+def load_srgcnn_mat(name: str, path: Path, scale: RatingScale) -> RatingDataset:
+    """sRGCNN `.mat` (keys M, Otraining, Otest): the fixed train/test masks over the rating matrix."""
+    arrays = read_mat_v73(path, ("M", "Otraining", "Otest"))
+    m, o_train, o_test = arrays["M"], arrays["Otraining"], arrays["Otest"]
+    if (o_train.astype(bool) & o_test.astype(bool)).any():
+        raise DataError(f"{path}: keys 'Otraining' and 'Otest' overlap (expected disjoint masks)")
+    tr_u, tr_i = np.nonzero(o_train)
+    te_u, te_i = np.nonzero(o_test)
+    tr_r = m[tr_u, tr_i].astype(np.float32)
+    te_r = m[te_u, te_i].astype(np.float32)
+    if (tr_r == 0).any() or (te_r == 0).any():
+        raise DataError(f"{path}: key 'M' has zero ratings under the 'Otraining'/'Otest' masks")
+    _check_scale(path, np.concatenate([tr_r, te_r]), scale)
+    return RatingDataset(
+        name, int(m.shape[0]), int(m.shape[1]), scale,
+        Ratings(tr_u.astype(np.int64), tr_i.astype(np.int64), tr_r),
+        Ratings(te_u.astype(np.int64), te_i.astype(np.int64), te_r),
+        meta={"file": str(path)},
+    ).validate(str(path))
+
+
+def _filter_k_core(users: np.ndarray, items: np.ndarray, k: int) -> np.ndarray:
+    """Boolean mask keeping interactions whose user and item both have >= k interactions (iterated)."""
+    keep = np.ones(users.size, bool)
+    while True:
+        u_cnt = np.bincount(users[keep], minlength=users.max() + 1)
+        i_cnt = np.bincount(items[keep], minlength=items.max() + 1)
+        new_keep = keep & (u_cnt[users] >= k) & (i_cnt[items] >= k)
+        if new_keep.sum() == keep.sum():
+            return keep
+        keep = new_keep
+
+
+def load_gadtcdr(name: str, root: Path, domains: tuple[str, ...], seed: int, min_count: int = 5, positive_from: float = 4.0) -> MultiDomainDataset:
+    """Douban domains of GA-DTCDR (`user \\t item \\t rating`, shared 1-based user ids).
+
+    Positives are ratings >= `positive_from`; users and items with fewer than `min_count`
+    positives are filtered; each user's test item is one positive drawn with `seed`.
+    """
+    raw = []
+    for dom in domains:
+        path = root / dom / "ratings.dat"
+        u, i, r = read_delimited(path, None, 3)
+        check_ids(path, "user", u, 1)
+        check_ids(path, "item", i, 1)
+        pos = r >= positive_from
+        raw.append((dom, u[pos] - 1, i[pos] - 1))
+    num_users = int(max(u.max() for _, u, _ in raw)) + 1
+    rng = np.random.default_rng(seed)
+    out = []
+    for dom, u, i in raw:
+        keep = _filter_k_core(u, i, min_count)
+        u, i = u[keep], i[keep]
+        items_uniq, i = np.unique(i, return_inverse=True)
+        out.append(_leave_one_out(dom, u, i.astype(np.int64), int(items_uniq.size), rng))
+    return MultiDomainDataset(name, num_users, out, meta={"root": str(root), "seed": seed})
+
+
+def _leave_one_out(dom: str, users: np.ndarray, items: np.ndarray, num_items: int, rng: np.random.Generator) -> Domain:
+    order = np.lexsort((items, users))
+    users, items = users[order], items[order]
+    starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
+    counts = np.diff(np.r_[starts, users.size])
+    pick = starts + (rng.random(starts.size) * counts).astype(np.int64)
+    test_mask = np.zeros(users.size, bool)
+    test_mask[pick[counts >= 2]] = True  # a user needs a training positive left
+    return Domain(dom, num_items, users[~test_mask], items[~test_mask], users[test_mask], items[test_mask])
+
+
+def load_disencdr_pair(name: str, root: Path, a: str, b: str, test_file: str = "test.txt") -> MultiDomainDataset:
+    """DisenCDR pair `<root>/<a>_<b>` (domain a) and `<root>/<b>_<a>` (domain b): 0-based shared user ids."""
+    domains = []
+    num_users = 0
+    for folder, dom in ((f"{a}_{b}", a), (f"{b}_{a}", b)):
+        base = root / folder
+        if not base.is_dir():
+            raise DataError(f"missing folder {base} (expected train.txt and {test_file} for domain '{dom}')")
+        tr_u, tr_i, _ = read_delimited(base / "train.txt", None, 2, value_col=None)
+        te_u, te_i, _ = read_delimited(base / test_file, None, 2, value_col=None)
+        for path, ids in ((base / "train.txt", tr_u), (base / test_file, te_u)):
+            check_ids(path, "user", ids, 0)
+        num_items = int(max(tr_i.max(), te_i.max())) + 1
+        num_users = max(num_users, int(max(tr_u.max(), te_u.max())) + 1)
+        domains.append(Domain(dom, num_items, tr_u, tr_i, te_u, te_i))
+    return MultiDomainDataset(name, num_users, domains, meta={"root": str(root), "test_file": test_file})

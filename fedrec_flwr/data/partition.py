@@ -1,0 +1,119 @@
+"""Per-user partitions: built once per dataset, cached as CSR arrays, read one slice at a time.
+
+A virtual client memory-maps the cache and copies only its own rows, so loading costs
+time proportional to the user's own data, not to the dataset. The cache is written to a
+temporary folder and renamed into place, so an interrupted build leaves nothing behind
+that a later run would read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .types import DataError, RatingDataset, Ratings, RatingScale
+
+FORMAT_VERSION = 1
+_ARRAYS = ("train_offsets", "train_items", "train_values", "test_offsets", "test_items", "test_values")
+
+
+@dataclass
+class UserData:
+    """One user's own ratings: what a FedGNN client holds."""
+
+    user: int
+    train_items: np.ndarray
+    train_values: np.ndarray
+    test_items: np.ndarray
+    test_values: np.ndarray
+
+
+@dataclass(frozen=True)
+class PartitionMeta:
+    """What the server and every client may know about the dataset: sizes and scale, no ratings."""
+
+    dataset: str
+    num_users: int
+    num_items: int
+    scale: RatingScale
+    num_train: int
+    num_test: int
+    fingerprint: str
+
+
+def _csr(num_users: int, part: Ratings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    order = np.lexsort((part.items, part.users))
+    counts = np.bincount(part.users, minlength=num_users)
+    offsets = np.zeros(num_users + 1, np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets, part.items[order].astype(np.int32), part.values[order].astype(np.float32)
+
+
+def fingerprint(parts: dict) -> str:
+    """Stable short hash of whatever identifies a dataset build (name, config, file stats)."""
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def write_partitions(ds: RatingDataset, directory: Path, key: str) -> Path:
+    """Write `ds` as per-user CSR arrays under `directory`, atomically (tmp folder + rename)."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.part-"))
+    try:
+        tr = _csr(ds.num_users, ds.train)
+        te = _csr(ds.num_users, ds.test)
+        for name, arr in zip(_ARRAYS, (*tr, *te)):
+            np.save(tmp / f"{name}.npy", arr)
+        meta = PartitionMeta(ds.name, ds.num_users, ds.num_items, ds.scale, len(ds.train), len(ds.test), key)
+        (tmp / "meta.json").write_text(json.dumps({"format": FORMAT_VERSION, **asdict(meta)}, indent=1))
+        if directory.exists():  # a concurrent builder won the race: keep its identical copy
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+class UserPartitions:
+    """Read access to a partition cache; each `user(u)` call touches only that user's rows."""
+
+    def __init__(self, directory: Path):
+        meta_path = directory / "meta.json"
+        if not meta_path.is_file():
+            raise DataError(f"partition cache {directory}: missing meta.json (expected a built cache)")
+        raw = json.loads(meta_path.read_text())
+        if raw.get("format") != FORMAT_VERSION:
+            raise DataError(f"{meta_path}: format {raw.get('format')} (expected {FORMAT_VERSION}); delete the folder to rebuild")
+        raw.pop("format")
+        raw["scale"] = RatingScale(**raw["scale"])
+        self.meta = PartitionMeta(**raw)
+        self.directory = directory
+        self._arrays = {n: np.load(directory / f"{n}.npy", mmap_mode="r") for n in _ARRAYS}
+
+    def user(self, u: int) -> UserData:
+        """The train and test ratings of user `u`, copied out of the memory map."""
+        if not 0 <= u < self.meta.num_users:
+            raise DataError(f"user {u} out of range [0, {self.meta.num_users}) for dataset {self.meta.dataset}")
+        a = self._arrays
+        s, e = int(a["train_offsets"][u]), int(a["train_offsets"][u + 1])
+        ts, te = int(a["test_offsets"][u]), int(a["test_offsets"][u + 1])
+        return UserData(
+            u,
+            np.array(a["train_items"][s:e], dtype=np.int64),
+            np.array(a["train_values"][s:e]),
+            np.array(a["test_items"][ts:te], dtype=np.int64),
+            np.array(a["test_values"][ts:te]),
+        )
+
+    def train_counts(self) -> np.ndarray:
+        """Number of training ratings per user (from the offsets only)."""
+        return np.diff(np.asarray(self._arrays["train_offsets"]))

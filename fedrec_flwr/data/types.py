@@ -1,0 +1,100 @@
+"""In-memory dataset types shared by loaders, partitions, clients and the centralized trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """Bad or missing input data; the message names the file, line or key and what was expected."""
+
+
+@dataclass(frozen=True)
+class RatingScale:
+    """The rating range of a dataset (min, max and step), used to clip predictions."""
+
+    low: float
+    high: float
+    step: float
+
+    @property
+    def midpoint(self) -> float:
+        """Centre of the scale: a data-free starting value for the global bias."""
+        return 0.5 * (self.low + self.high)
+
+
+@dataclass
+class Ratings:
+    """Explicit ratings as parallel arrays with 0-based ids."""
+
+    users: np.ndarray  # int64 [n]
+    items: np.ndarray  # int64 [n]
+    values: np.ndarray  # float32 [n]
+
+    def __len__(self) -> int:
+        return int(self.users.shape[0])
+
+    @staticmethod
+    def empty() -> "Ratings":
+        """A ratings set with no entries."""
+        return Ratings(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
+
+
+@dataclass
+class RatingDataset:
+    """A single-domain explicit-rating dataset with a fixed train/test split."""
+
+    name: str
+    num_users: int
+    num_items: int
+    scale: RatingScale
+    train: Ratings
+    test: Ratings
+    meta: dict = field(default_factory=dict)
+
+    def validate(self, source: str) -> "RatingDataset":
+        """Check ids and values against the declared sizes and scale; raise DataError naming `source`."""
+        for part_name, part in (("train", self.train), ("test", self.test)):
+            if len(part) == 0 and part_name == "train":
+                raise DataError(f"{source}: empty dataset (no training ratings)")
+            if len(part) == 0:
+                continue
+            if part.users.min() < 0 or part.users.max() >= self.num_users:
+                raise DataError(f"{source}: {part_name} user id out of range [0, {self.num_users})")
+            if part.items.min() < 0 or part.items.max() >= self.num_items:
+                raise DataError(f"{source}: {part_name} item id out of range [0, {self.num_items})")
+            bad = (part.values < self.scale.low - 1e-6) | (part.values > self.scale.high + 1e-6)
+            if bad.any():
+                raise DataError(
+                    f"{source}: {part_name} rating {part.values[bad][0]} outside the scale "
+                    f"[{self.scale.low}, {self.scale.high}]"
+                )
+        return self
+
+
+@dataclass
+class Domain:
+    """One domain of a multi-domain implicit dataset: positives per user and a leave-one-out test item."""
+
+    name: str
+    num_items: int
+    train_users: np.ndarray  # int64 [n] global user ids
+    train_items: np.ndarray  # int64 [n] domain-local item ids
+    test_users: np.ndarray  # int64 [m] global user ids (one row per tested user)
+    test_items: np.ndarray  # int64 [m]
+
+
+@dataclass
+class MultiDomainDataset:
+    """Several domains whose users share one id space (FPPDM's cross-silo setting)."""
+
+    name: str
+    num_users: int
+    domains: list[Domain]
+    meta: dict = field(default_factory=dict)
+
+    def users_in(self, domain: Domain) -> np.ndarray:
+        """Sorted global ids of the users with at least one training positive in `domain`."""
+        return np.unique(domain.train_users)

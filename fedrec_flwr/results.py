@@ -1,0 +1,80 @@
+"""Run outputs: results.json (config, per-round metrics, final metrics, wall time) and rounds.csv."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunRecorder:
+    """Collects per-round records and writes them after every round, so a killed run keeps its history."""
+
+    def __init__(self, output_dir: str | Path, algorithm: str, dataset: str, config: dict[str, Any]):
+        self.output_dir = Path(output_dir)
+        self.doc: dict[str, Any] = {
+            "algorithm": algorithm,
+            "dataset": dataset,
+            "config": config,
+            "rounds": [],
+            "final": {},
+            "wall_seconds": 0.0,
+            "status": "running",
+        }
+        self._t0 = time.time()
+
+    def add_round(self, record: dict[str, Any]) -> None:
+        """Append or merge the record of one round (keyed by record['round'])."""
+        rounds = self.doc["rounds"]
+        if rounds and rounds[-1].get("round") == record.get("round"):
+            rounds[-1].update(record)
+        else:
+            rounds.append(dict(record))
+        self.doc["wall_seconds"] = time.time() - self._t0
+        self.write()
+
+    def finish(self, final: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
+        """Record the final metrics and total wall time; returns the results.json path."""
+        self.doc["final"] = final
+        self.doc["wall_seconds"] = time.time() - self._t0
+        self.doc["status"] = "finished"
+        if extra:
+            self.doc.update(extra)
+        return self.write()
+
+    def write(self) -> Path:
+        """Write results.json and rounds.csv (atomically)."""
+        path = self.output_dir / "results.json"
+        _atomic_write(path, json.dumps(self.doc, indent=1, default=float))
+        rounds = self.doc["rounds"]
+        if rounds:
+            keys: list[str] = []
+            for r in rounds:
+                keys += [k for k in r if k not in keys]
+            lines = [",".join(keys)] + [",".join("" if r.get(k) is None else str(r.get(k)) for k in keys) for r in rounds]
+            _atomic_write(self.output_dir / "rounds.csv", "\n".join(lines) + "\n")
+        return path
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """Read a results.json (a file or a folder holding one)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "results.json"
+    return json.loads(p.read_text())
