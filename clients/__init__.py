@@ -1,0 +1,1 @@
+"""Flower NumPyClients: one FedGNN user, one FPPDM domain."""

@@ -1,0 +1,48 @@
+"""ClientApp entry point: Flower context (run config + node identity) -> the right NumPyClient."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from flwr.client import ClientApp
+from flwr.common import Context
+
+from clients.fedgnn import FedGNNClient
+from clients.user_store import NodeStateStore
+from fedrec_flwr.config import AppConfig, from_run_config
+from fedrec_flwr.data import UserPartitions, prepare_partitions
+
+log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=4)
+def _config(items: tuple) -> AppConfig:
+    return from_run_config(dict(items))
+
+
+@functools.lru_cache(maxsize=4)
+def _partitions(cfg_key: tuple) -> UserPartitions:
+    return UserPartitions(prepare_partitions(_config(cfg_key).data))
+
+
+def user_of(node_config) -> int:
+    """The user a node serves: `user-id` in deployment, `partition-id` in simulation."""
+    for key in ("user-id", "partition-id"):
+        if key in node_config:
+            return int(node_config[key])
+    raise KeyError("node config has neither 'user-id' nor 'partition-id'")
+
+
+def client_fn(context: Context):
+    """Build the client of the user (or domain) this node serves."""
+    torch.set_num_threads(1)
+    key = tuple(sorted(context.run_config.items()))
+    cfg = _config(key)
+    parts = _partitions(key)
+    data = parts.user(user_of(context.node_config))
+    return FedGNNClient(cfg, parts.meta, data, NodeStateStore(context.state)).to_client()
+
+
+app = ClientApp(client_fn=client_fn)

@@ -1,0 +1,66 @@
+"""Pseudo interacted items: fake gradient rows that hide which items a user rated.
+
+Each user fixes, once, a set of pseudo items it never rated. Its anonymity set (rated
+items, its test items and the pseudo items, sorted by id) is what the server learns; it
+never changes, so intersecting uploads across rounds reveals nothing more. Every round the
+pseudo rows are drawn from a Gaussian with the mean and (shrunk) covariance of that step's
+real item-gradient rows, so their values match the real ones in first and second moments.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def num_pseudo(m: int, k: int, num_unrated: int) -> int:
+    """max(M, K) pseudo items, as the paper requires, capped by how many unrated items exist."""
+    return min(max(m, k), num_unrated)
+
+
+def sample_pseudo_items(rng: np.random.Generator, num_items: int, exclude: np.ndarray, count: int) -> np.ndarray:
+    """`count` distinct item ids uniformly from those not in `exclude`, sorted."""
+    mask = np.ones(num_items, bool)
+    mask[exclude] = False
+    pool = np.flatnonzero(mask)
+    if count > pool.size:
+        raise ValueError(f"cannot draw {count} pseudo items from {pool.size} unrated items")
+    return np.sort(rng.choice(pool, size=count, replace=False)).astype(np.int64)
+
+
+def ledoit_wolf_shrinkage(x: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """(mean, shrinkage alpha, target variance mu) of the Ledoit-Wolf estimate (1-a) S + a mu I.
+
+    With K rows in d dimensions and K < d the sample covariance S is singular; the
+    Ledoit-Wolf intensity is the data-driven amount of isotropic shrinkage.
+    """
+    n, p = x.shape
+    mean = x.mean(0)
+    xc = x - mean
+    if n < 2:
+        var = float(np.mean(np.square(x))) if x.size else 0.0
+        return mean, 1.0, var
+    s = xc.T @ xc / n
+    mu = float(np.trace(s) / p)
+    d2 = float(np.sum(np.square(s)) - 2 * mu * np.trace(s) + mu * mu * p)
+    sq_norms = np.sum(np.square(xc), 1)
+    b2_bar = float((np.sum(sq_norms ** 2) - 2 * np.einsum("ij,jk,ik->", xc, s, xc) + n * np.sum(np.square(s))) / n**2)
+    alpha = 1.0 if d2 <= 0 else min(max(b2_bar, 0.0), d2) / d2
+    return mean, alpha, mu
+
+
+def pseudo_gradient_rows(rng: np.random.Generator, real_rows: np.ndarray, count: int) -> np.ndarray:
+    """`count` rows ~ N(mean, (1-a) S + a mu I) fitted to `real_rows` by Ledoit-Wolf shrinkage.
+
+    Sampled without forming the d x d matrix: the S part as a random mix of the centred real
+    rows (covariance S exactly), the isotropic part as independent normal noise.
+    """
+    k, d = real_rows.shape
+    if count == 0:
+        return np.zeros((0, d), np.float32)
+    mean, alpha, mu = ledoit_wolf_shrinkage(real_rows.astype(np.float64))
+    out = np.broadcast_to(mean, (count, d)).copy()
+    if k >= 2 and alpha < 1.0:
+        xc = real_rows - mean
+        out += np.sqrt(1.0 - alpha) * (rng.standard_normal((count, k)) @ xc) / np.sqrt(k)
+    out += np.sqrt(alpha * mu) * rng.standard_normal((count, d))
+    return out.astype(np.float32)

@@ -1,0 +1,1 @@
+"""Flower strategies: FedAvg with pseudo-item gradient merging, Wasserstein barycenter."""

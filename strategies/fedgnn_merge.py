@@ -1,0 +1,306 @@
+"""FedAvg with pseudo-item gradient merging (FedGNN), plus registration and federated RMSE.
+
+Round 1 registers every user's anonymity set (item ids only). Every later round:
+1. sample users, send each the model weights and the item rows of its own anonymity set;
+2. validate each upload, reject malformed ones (logged, counted, never averaged in);
+3. average model gradients over the |S| accepted users, merge item-row gradients by item id
+   (sum / |S| as in the paper, or sum / per-item count), and apply the server optimiser;
+4. every `eval_every` rounds, users report (SSE, n) on their own test ratings -> RMSE.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    Parameters,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from fedrec_flwr.config import AppConfig
+from fedrec_flwr.models import build_model
+from fedrec_flwr.protocol import PHASE_REGISTER, PHASE_TRAIN, array_bytes
+from fedrec_flwr.results import RunRecorder
+
+log = logging.getLogger("fedrec_flwr.fedgnn")
+
+
+class UploadRejected(ValueError):
+    """A client update that fails validation; the message is the reason that gets logged."""
+
+
+def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: int) -> np.ndarray:
+    """The anonymity set of a registration message, checked: sorted unique in-range ids, >= min_rows."""
+    if len(arrays) != 1:
+        raise UploadRejected(f"registration must carry exactly 1 array (item ids), got {len(arrays)}")
+    return _check_ids(arrays[0], num_items, min_rows)
+
+
+def _check_ids(ids: np.ndarray, num_items: int, min_rows: int) -> np.ndarray:
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise UploadRejected(f"item ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+    if ids.size < min_rows:
+        raise UploadRejected(f"upload has {ids.size} item rows, fewer than the required {min_rows}")
+    if ids.size and (ids.min() < 0 or ids.max() >= num_items):
+        raise UploadRejected(f"item id out of range [0, {num_items})")
+    if np.unique(ids).size != ids.size:
+        raise UploadRejected("duplicate item ids")
+    return ids.astype(np.int64)
+
+
+def validate_upload(
+    arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], dim: int, num_items: int, min_rows: int,
+    registered: np.ndarray | None,
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Split and check a training upload: (model grads, item ids, item rows) or UploadRejected."""
+    n = len(model_shapes)
+    if len(arrays) != n + 2:
+        raise UploadRejected(f"expected {n + 2} arrays (model grads, ids, rows), got {len(arrays)}")
+    grads = []
+    for i, (a, shape) in enumerate(zip(arrays[:n], model_shapes)):
+        a = np.asarray(a)
+        if a.shape != shape:
+            raise UploadRejected(f"model gradient {i} has shape {a.shape}, expected {shape}")
+        if not np.issubdtype(a.dtype, np.floating) or not np.isfinite(a).all():
+            raise UploadRejected(f"model gradient {i} has NaN/Inf or a non-float dtype")
+        grads.append(a.astype(np.float32))
+    ids = _check_ids(arrays[n], num_items, min_rows)
+    rows = np.asarray(arrays[n + 1])
+    if rows.shape != (ids.size, dim):
+        raise UploadRejected(f"item rows have shape {rows.shape}, expected {(ids.size, dim)}")
+    if not np.issubdtype(rows.dtype, np.floating) or not np.isfinite(rows).all():
+        raise UploadRejected("item rows have NaN/Inf or a non-float dtype")
+    if registered is not None and not np.array_equal(ids, registered):
+        raise UploadRejected("item ids differ from the anonymity set the client registered")
+    return grads, ids, rows.astype(np.float32)
+
+
+def merge_item_gradients(
+    uploads: list[tuple[np.ndarray, np.ndarray]], num_items: int, dim: int, normalise: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(touched ids, merged rows): per-item sum divided by |S| ("clients") or by its count ("count")."""
+    total = np.zeros((num_items, dim), np.float64)
+    count = np.zeros(num_items, np.int64)
+    for ids, rows in uploads:
+        np.add.at(total, ids, rows)
+        count[ids] += 1
+    touched = np.flatnonzero(count)
+    denom = count[touched][:, None] if normalise == "count" else max(len(uploads), 1)
+    return touched, (total[touched] / denom).astype(np.float32)
+
+
+@dataclass
+class ServerState:
+    """What the recommendation server holds: model, item table, optimiser and the registry of anonymity sets."""
+
+    model: torch.nn.Module
+    items: torch.nn.Parameter
+    registry: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+class FedGNNStrategy(FedAvg):
+    """FedAvg over model gradients with item-row gradients merged by id (FedGNN's server)."""
+
+    def __init__(self, cfg: AppConfig, num_items: int, bias_init: float, recorder: RunRecorder | None = None, **kwargs):
+        super().__init__(
+            min_fit_clients=cfg.federation.min_clients,
+            min_evaluate_clients=1,
+            min_available_clients=cfg.federation.min_clients,
+            accept_failures=True,
+            **kwargs,
+        )
+        self.cfg = cfg
+        self.num_items = num_items
+        torch.manual_seed(cfg.seed)
+        gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.state = ServerState(
+            model=build_model(cfg.model, bias_init),
+            items=torch.nn.Parameter(torch.randn(num_items, cfg.model.dim, generator=gen) * 0.1),
+        )
+        params = list(self.state.model.parameters())
+        so = cfg.server_opt
+        if so.name == "adam":
+            self.model_opt = torch.optim.Adam(params, lr=so.lr)
+            self.item_opt = torch.optim.SparseAdam([self.state.items], lr=so.lr)
+        else:
+            self.model_opt = torch.optim.SGD(params, lr=so.lr, momentum=so.momentum)
+            self.item_opt = torch.optim.SGD([self.state.items], lr=so.lr)
+        self.model_shapes = [tuple(p.shape) for p in params]
+        self.recorder = recorder
+        self.round_started = time.time()
+        self.traffic: dict[int, dict[str, float]] = {}
+        self.rejections: list[tuple[int, str]] = []
+        self.history: list[dict] = []
+        self.final: dict[str, float] = {}
+
+    # -- helpers ---------------------------------------------------------------------
+    def model_weights(self) -> list[np.ndarray]:
+        """Current model weights as numpy arrays."""
+        return [p.detach().numpy().copy() for p in self.state.model.parameters()]
+
+    def _rows_for(self, node_id: int) -> np.ndarray:
+        return self.state.items.detach()[torch.from_numpy(self.state.registry[node_id])].numpy()
+
+    def _payload(self, node_id: int) -> list[np.ndarray]:
+        return [*self.model_weights(), self._rows_for(node_id)]
+
+    def _min_rows(self) -> int:
+        """Rows every upload must carry: M, or the whole catalogue when it has fewer than M items."""
+        return min(self.cfg.privacy.pseudo_items, self.num_items)
+
+    # -- Flower strategy API ---------------------------------------------------------------
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """The initial model weights (the item table stays on the server and goes out row-wise)."""
+        return ndarrays_to_parameters(self.model_weights())
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
+        """Round 1: every client registers. Later: sampled clients get weights + their rows."""
+        self.round_started = time.time()
+        if server_round == 1:
+            clients = client_manager.all().values()
+            ins = FitIns(ndarrays_to_parameters([]), {"phase": PHASE_REGISTER, "round": server_round})
+            self.traffic[server_round] = {"bytes_down": 0.0}
+            return [(c, ins) for c in clients]
+        registered = [c for c in client_manager.all().values() if c.node_id in self.state.registry]
+        k = min(self.cfg.federation.clients_per_round, len(registered))
+        rng = np.random.default_rng([self.cfg.seed, server_round])
+        chosen = [registered[i] for i in rng.choice(len(registered), size=k, replace=False)]
+        out, down = [], 0
+        for c in chosen:
+            payload = self._payload(c.node_id)
+            down += array_bytes(payload)
+            out.append((c, FitIns(ndarrays_to_parameters(payload), {"phase": PHASE_TRAIN, "round": server_round})))
+        self.traffic[server_round] = {"bytes_down": down / max(len(out), 1)}
+        return out
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures):
+        """Validate, merge and apply; rejected updates are logged and counted, never averaged in."""
+        for f in failures:
+            self._reject(server_round, f"client failure: {f if isinstance(f, BaseException) else 'error result'}")
+        accepted: list[tuple[list[np.ndarray], np.ndarray, np.ndarray]] = []
+        up = 0
+        for proxy, res in results:
+            arrays = parameters_to_ndarrays(res.parameters)
+            up += array_bytes(arrays)
+            try:
+                if server_round == 1:
+                    self.state.registry[proxy.node_id] = validate_registration(arrays, self.num_items, self._min_rows())
+                    continue
+                accepted.append(
+                    validate_upload(
+                        arrays, self.model_shapes, self.cfg.model.dim, self.num_items,
+                        self._min_rows(), self.state.registry.get(proxy.node_id),
+                    )
+                )
+            except UploadRejected as exc:
+                self._reject(server_round, f"node {proxy.node_id}: {exc}")
+        record = {
+            "round": server_round,
+            "phase": PHASE_REGISTER if server_round == 1 else PHASE_TRAIN,
+            "clients": len(results),
+            "accepted": len(accepted) if server_round > 1 else len(self.state.registry),
+            "rejected": len(failures) + len(results) - (len(accepted) if server_round > 1 else len(self.state.registry)),
+            "bytes_down": self.traffic.get(server_round, {}).get("bytes_down", 0.0),
+            "bytes_up": up / max(len(results), 1),
+        }
+        if accepted and len(accepted) >= self.cfg.federation.min_clients:
+            self._apply(accepted)
+        elif server_round > 1:
+            log.warning("round %d: %d accepted updates < min_clients=%d; model unchanged",
+                        server_round, len(accepted), self.cfg.federation.min_clients)
+        if self.cfg.privacy.ldp:
+            record["epsilon"] = 2 * self.cfg.privacy.clip_delta / self.cfg.privacy.noise_lambda
+        record["round_seconds"] = time.time() - self.round_started
+        self._record(record)
+        return ndarrays_to_parameters(self.model_weights()), {k: v for k, v in record.items() if isinstance(v, (int, float))}
+
+    def _apply(self, accepted: list[tuple[list[np.ndarray], np.ndarray, np.ndarray]]) -> None:
+        s = len(accepted)
+        self.model_opt.zero_grad()
+        for p, i in zip(self.state.model.parameters(), range(len(self.model_shapes))):
+            p.grad = torch.from_numpy(np.asarray(sum(a[0][i] for a in accepted) / s, np.float32)).reshape(p.shape)
+        self.model_opt.step()
+        ids, rows = merge_item_gradients([(a[1], a[2]) for a in accepted], self.num_items, self.cfg.model.dim, self.cfg.federation.item_merge)
+        self.item_opt.zero_grad()
+        grad = torch.sparse_coo_tensor(torch.from_numpy(ids)[None, :], torch.from_numpy(rows), self.state.items.shape)
+        if isinstance(self.item_opt, torch.optim.SparseAdam):
+            self.state.items.grad = grad.coalesce()
+        else:
+            self.state.items.grad = grad.to_dense()
+        self.item_opt.step()
+
+    def _reject(self, server_round: int, reason: str) -> None:
+        log.warning("round %d: rejected update: %s", server_round, reason)
+        self.rejections.append((server_round, reason))
+
+    def _is_eval_round(self, server_round: int) -> bool:
+        r = server_round - 1  # training rounds so far
+        return r > 0 and (r % self.cfg.federation.eval_every == 0 or r == self.cfg.federation.rounds)
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
+        """On evaluation rounds every registered user evaluates on its own test ratings."""
+        if not self._is_eval_round(server_round):
+            return []
+        return [
+            (c, EvaluateIns(ndarrays_to_parameters(self._payload(c.node_id)), {"round": server_round}))
+            for c in client_manager.all().values()
+            if c.node_id in self.state.registry
+        ]
+
+    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures):
+        """RMSE = sqrt(sum SSE / sum n) over users; MAE likewise."""
+        sse = sum(float(r.metrics.get("sse", 0.0)) for _, r in results)
+        sae = sum(float(r.metrics.get("sae", 0.0)) for _, r in results)
+        n = sum(int(r.metrics.get("n", 0)) for _, r in results)
+        if n == 0:
+            return None, {}
+        metrics = {"rmse": float(np.sqrt(sse / n)), "mae": sae / n, "eval_ratings": n, "eval_failures": len(failures)}
+        self.final = {"rmse": metrics["rmse"], "mae": metrics["mae"]}
+        self._record({"round": server_round, **metrics})
+        if server_round == self.cfg.federation.rounds + 1:
+            self.finish()
+        return metrics["rmse"], metrics
+
+    def finish(self) -> None:
+        """Write the final metrics and print the run summary."""
+        if self.recorder is None or self.recorder.doc["status"] == "finished":
+            return
+        extra = {"rejections": [{"round": r, "reason": why} for r, why in self.rejections]}
+        path = self.recorder.finish(dict(self.final), extra)
+        train = [h for h in self.history if h.get("phase") == PHASE_TRAIN]
+        summary = {
+            **self.final,
+            "rounds": len(train),
+            "wall_seconds": round(self.recorder.doc["wall_seconds"], 1),
+            "mean_bytes_up": float(np.mean([h["bytes_up"] for h in train])) if train else 0.0,
+            "mean_bytes_down": float(np.mean([h["bytes_down"] for h in train])) if train else 0.0,
+            "rejected": len(self.rejections),
+        }
+        print(f"[fedgnn] FINAL {summary} results: {path}", flush=True)
+
+    def evaluate(self, server_round: int, parameters: Parameters):
+        """No server-side evaluation: the server holds no ratings."""
+        return None
+
+    def _record(self, record: dict) -> None:
+        if self.history and self.history[-1]["round"] == record["round"]:
+            self.history[-1].update(record)
+        else:
+            self.history.append(dict(record))
+        if self.recorder is not None:
+            self.recorder.add_round(record)
+        parts = [f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()]
+        print("[fedgnn] " + " ".join(parts), flush=True)
