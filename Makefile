@@ -1,0 +1,44 @@
+# fedrec-flwr: install / run / test / bench / plot
+#
+# TORCH_SPEC picks the torch build. torch==2.13.0 is the CPU wheel where pip finds one on
+# local disk (this project's dev and CI machines) and the default CUDA wheel on a Linux GPU
+# machine elsewhere. Override e.g. `make install TORCH_SPEC="torch==2.13.0+cpu ..."`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+NUM_SUPERNODES ?= 300
+RUN_CONFIG ?=
+FLWR_PATHS := data-dir='$(CURDIR)/data' cache-dir='$(CURDIR)/.cache/fedrec' output-dir='$(CURDIR)/outputs/latest'
+
+.PHONY: install run test bench plot clean stop-superlink
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install "$(TORCH_SPEC)"
+	$(BIN)/pip install -e ".[dev]"
+	touch $@
+
+# The main job: FedGNN (privacy on) on the embedded synthetic dataset, through `flwr run`.
+run: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/flwr run . local --stream \
+	  --federation-config "num-supernodes=$(NUM_SUPERNODES)" \
+	  --run-config "$(FLWR_PATHS) $(RUN_CONFIG)"
+	@$(BIN)/python -m fedrec_flwr.summary outputs/latest
+
+test: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python -m benchmarks.run --preset fedgnn --dataset ml-100k --data-dir ../shared/data --out outputs/bench-ml100k --centralized
+
+plot: install
+	$(BIN)/python -m fedrec_flwr.plot outputs/latest --out outputs/latest/plots
+
+stop-superlink:
+	-pkill -f flower-superlink
+
+clean:
+	rm -rf outputs .cache

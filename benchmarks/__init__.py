@@ -1,0 +1,1 @@
+"""Benchmark drivers and performance scripts."""

@@ -1,0 +1,48 @@
+"""Config resolution: presets, dataset files, overrides, and errors that name the key."""
+
+import pytest
+
+from fedrec_flwr.config import ConfigError, from_run_config, load_config
+
+
+def test_preset_carries_paper_hyperparameters():
+    cfg = load_config("fedgnn")
+    assert (cfg.model.gnn, cfg.model.dim, cfg.model.dropout) == ("gat", 256, 0.2)
+    assert (cfg.privacy.clip_delta, cfg.privacy.noise_lambda, cfg.privacy.pseudo_items) == (0.1, 0.2, 1000)
+    assert cfg.federation.clients_per_round == 128 and cfg.server_opt.lr == 0.01
+    assert cfg.expansion.epoch == 2
+
+
+def test_dataset_file_and_overrides_merge_in_order():
+    cfg = load_config("fedgnn", "synthetic", ["model.gnn=gcn", "federation.rounds=3"])
+    assert cfg.data.name == "synthetic" and cfg.data.synthetic.num_users == 300
+    assert cfg.model.gnn == "gcn" and cfg.federation.rounds == 3
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigError, match="model.colour"):
+        load_config("fedgnn", None, ["model.colour=3"])
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(ConfigError, match="federation.rounds"):
+        load_config("fedgnn", None, ["federation.rounds=many"])
+
+
+def test_bad_choice_is_named():
+    with pytest.raises(ConfigError, match="model.gnn"):
+        load_config("fedgnn", None, ["model.gnn=transformer"])
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(ConfigError, match="unknown preset 'nope'.*fedgnn"):
+        load_config("nope")
+
+
+def test_flower_run_config_maps_to_app_config():
+    cfg = from_run_config({"preset": "fedgnn", "dataset": "synthetic", "data-dir": "/d", "output-dir": "/o",
+                           "seed": 7, "set": "privacy.ldp=false federation.rounds=4"})
+    assert (cfg.data.data_dir, cfg.output_dir, cfg.seed) == ("/d", "/o", 7)
+    assert cfg.privacy.ldp is False and cfg.federation.rounds == 4
+    with pytest.raises(ConfigError, match="unknown run-config key"):
+        from_run_config({"preset": "fedgnn", "colour": "red"})

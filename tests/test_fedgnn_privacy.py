@@ -1,0 +1,116 @@
+"""FedGNN privacy properties, checked on what the client actually uploads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from clients.fedgnn import FedGNNClient, build_upload, init_user_state, local_gradients
+from clients.user_store import MemoryStore
+from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.models import build_model
+from fedrec_flwr.privacy import clip_linf, privatize, pseudo_gradient_rows
+from fedrec_flwr.protocol import PHASE_REGISTER, PHASE_TRAIN
+
+
+def _setup(cfg):
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    return parts, parts.meta
+
+
+def _payload(cfg, meta, state, seed=0):
+    model = build_model(cfg.model, meta.scale.midpoint)
+    rng = np.random.default_rng(seed)
+    weights = [p.detach().numpy() for p in model.parameters()]
+    rows = (rng.standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
+    return weights, rows
+
+
+def test_clipping_bound_holds_before_noise():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50, 40)) * 3
+    assert np.abs(clip_linf(x, 0.1)).max() <= 0.1
+    no_noise = privatize([x], 0.1, 1e-12, rng)[0]
+    assert np.abs(no_noise).max() <= 0.1 + 1e-6
+
+
+def test_noise_is_laplace_with_scale_lambda():
+    rng = np.random.default_rng(1)
+    zeros = np.zeros(20000, np.float32)
+    noise = privatize([zeros], 0.1, 0.2, rng)[0]
+    assert stats.kstest(noise, "laplace", args=(0.0, 0.2)).pvalue > 0.01
+    assert stats.kstest(noise, "laplace", args=(0.0, 0.3)).pvalue < 1e-6  # the test has power
+
+
+def test_pseudo_rows_match_real_moments():
+    rng = np.random.default_rng(2)
+    real = rng.standard_normal((400, 6)) @ np.diag([1, 2, 3, 1, 1, 5]) + 0.5
+    fake = pseudo_gradient_rows(rng, real, 20000)
+    assert np.allclose(fake.mean(0), real.mean(0), atol=0.1)
+    assert np.allclose(np.cov(fake.T), np.cov(real.T), atol=0.15 * np.abs(np.cov(real.T)).max())
+
+
+def test_upload_hides_embedding_ratings_and_count(tiny_cfg):
+    cfg = tiny_cfg()
+    parts, meta = _setup(cfg)
+    data = parts.user(5)
+    store = MemoryStore()
+    client = FedGNNClient(cfg, meta, data, store)
+    ids, n, reg_metrics = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
+    assert n == 0 and len(ids) == 1
+    assert np.all(np.isin(data.train_items, ids[0])) and ids[0].size >= cfg.privacy.pseudo_items
+    assert ids[0].size >= 2 * data.train_items.size  # at least as many pseudo rows as real ones
+    weights, rows = _payload(cfg, meta, store.load(5))
+    upload, n, metrics = client.fit([*weights, rows], {"phase": PHASE_TRAIN, "round": 2})
+    emb = store.load(5).embedding
+    assert n == 1 and set(metrics) == {"phase", "epsilon"}  # no rating count, no loss
+    assert np.array_equal(upload[-2], np.sort(upload[-2]))  # ids sorted: position marks nothing
+    floats = [np.ravel(a).astype(np.float64) for a in upload if np.issubdtype(np.asarray(a).dtype, np.floating)]
+    ints = [a for a in upload if np.issubdtype(np.asarray(a).dtype, np.integer)]
+    assert len(ints) == 1 and np.array_equal(ints[0], store.load(5).anonymity_ids)  # ids: the registered set only
+    values = np.concatenate(floats)
+    assert not np.isin(np.round(emb, 5), np.round(values, 5)).any(), "user embedding values appear in the upload"
+    for secret in (data.train_values, data.test_values):
+        window = secret.size
+        for f in floats:
+            if f.size >= window:
+                strided = np.lib.stride_tricks.sliding_window_view(f, window)
+                assert not np.all(np.isclose(strided, secret), axis=1).any(), "ratings appear in the upload"
+    assert metrics["epsilon"] == pytest.approx(2 * 0.1 / 0.2)
+
+
+def _auc(scores_real: np.ndarray, scores_fake: np.ndarray) -> float:
+    u = stats.mannwhitneyu(scores_real, scores_fake).statistic
+    auc = u / (scores_real.size * scores_fake.size)
+    return max(auc, 1 - auc)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known gap (issue 3): projecting rows on the mean upload row separates real from Gaussian pseudo rows "
+    "with AUC ~0.61 at d=32 and ~0.67 at d=256, because real item gradients are not Gaussian"))
+def test_attacker_cannot_separate_real_from_pseudo_rows(tiny_cfg):
+    """Features: row norm, L1 norm, max |value|, mean, projection on the mean row. AUC must stay <= 0.6."""
+    cfg = tiny_cfg("model.dim=32", "privacy.pseudo_items=40")
+    parts, meta = _setup(cfg)
+    model = build_model(cfg.model, meta.scale.midpoint)
+    real_feats, fake_feats = [], []
+    for u in range(40):
+        data = parts.user(u)
+        state = init_user_state(cfg, meta, data)
+        _, rows = _payload(cfg, meta, state, seed=u)
+        rng = np.random.default_rng(u)
+        grads, real_rows, _, _ = local_gradients(cfg, model, state, data, rows, rng)
+        up_rows = build_upload(cfg, state, data, grads, real_rows, rng)[-1]
+        is_real = np.isin(state.anonymity_ids, data.train_items)
+        mean_row = up_rows.mean(0)
+        feats = np.stack([
+            np.linalg.norm(up_rows, axis=1), np.abs(up_rows).sum(1), np.abs(up_rows).max(1),
+            up_rows.mean(1), up_rows @ mean_row,
+        ], 1)
+        real_feats.append(feats[is_real])
+        fake_feats.append(feats[~is_real])
+    real, fake = np.concatenate(real_feats), np.concatenate(fake_feats)
+    for j in range(real.shape[1]):
+        assert _auc(real[:, j], fake[:, j]) <= 0.6, f"feature {j} separates real from pseudo rows"

@@ -1,0 +1,56 @@
+"""The FedGNN server: merging maths and rejection of malformed updates."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strategies.fedgnn_merge import UploadRejected, merge_item_gradients, validate_registration, validate_upload
+
+SHAPES = [(3, 2), ()]
+
+
+def good(ids=np.array([1, 4, 7])):
+    return [np.ones((3, 2), np.float32), np.float32(0.5), ids, np.zeros((ids.size, 4), np.float32)]
+
+
+def test_merge_divides_by_clients_or_count():
+    a = (np.array([0, 2]), np.array([[1.0, 1.0], [2.0, 2.0]], np.float32))
+    b = (np.array([2, 3]), np.array([[4.0, 4.0], [6.0, 6.0]], np.float32))
+    ids, rows = merge_item_gradients([a, b], 5, 2, "clients")
+    assert ids.tolist() == [0, 2, 3] and np.allclose(rows[:, 0], [0.5, 3.0, 3.0])
+    ids, rows = merge_item_gradients([a, b], 5, 2, "count")
+    assert np.allclose(rows[:, 0], [1.0, 3.0, 6.0])
+
+
+def test_valid_upload_passes():
+    grads, ids, rows = validate_upload(good(), SHAPES, 4, 10, 3, np.array([1, 4, 7]))
+    assert ids.tolist() == [1, 4, 7] and rows.shape == (3, 4)
+
+
+@pytest.mark.parametrize(
+    "mutate, reason",
+    [
+        (lambda u: u.__setitem__(0, np.full((3, 2), np.nan, np.float32)), "NaN/Inf"),
+        (lambda u: u.__setitem__(3, np.full((3, 4), np.inf, np.float32)), "NaN/Inf"),
+        (lambda u: u.__setitem__(0, np.ones((2, 2), np.float32)), "shape"),
+        (lambda u: u.__setitem__(3, np.ones((3, 5), np.float32)), "shape"),
+        (lambda u: u.__setitem__(2, np.array([1, 1, 7])), "duplicate"),
+        (lambda u: u.__setitem__(2, np.array([1, 4, 70])), "out of range"),
+        (lambda u: u.pop(), "expected 4 arrays"),
+    ],
+)
+def test_malformed_uploads_are_rejected(mutate, reason):
+    upload = good()
+    mutate(upload)
+    with pytest.raises(UploadRejected, match=reason):
+        validate_upload(upload, SHAPES, 4, 10, 3, None)
+
+
+def test_too_few_rows_and_changed_set_rejected():
+    with pytest.raises(UploadRejected, match="fewer than the required 5"):
+        validate_upload(good(), SHAPES, 4, 10, 5, None)
+    with pytest.raises(UploadRejected, match="differ from the anonymity set"):
+        validate_upload(good(), SHAPES, 4, 10, 3, np.array([1, 4, 8]))
+    with pytest.raises(UploadRejected, match="fewer than the required"):
+        validate_registration([np.array([1, 2])], 10, 3)
