@@ -106,7 +106,7 @@ class CentralizedConfig:
     epochs: int = 30
     lr: float = 0.005
     batch_users: int = 64
-    weight_decay: float = 0.0
+    weight_decay: float = 5e-4
 
 
 @dataclass
