@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from .fsutil import atomic_write as _atomic_write
 
 
 class RunRecorder:

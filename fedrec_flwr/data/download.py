@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import shutil
-import tempfile
 import urllib.error
 import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fsutil import atomic_write
 from .types import DataError
 
 
@@ -68,15 +67,7 @@ def download_file(spec: RemoteFile, cache_dir: Path, timeout: float = 60.0) -> P
     got = hashlib.sha256(payload).hexdigest()
     if got != spec.sha256:
         raise DataError(f"{spec.url}: sha256 mismatch for {spec.relpath}: expected {spec.sha256}, got {got}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(target, payload)
     return target
 
 
