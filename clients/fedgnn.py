@@ -89,7 +89,8 @@ def local_gradients(
     for _ in range(cfg.federation.local_steps):
         pick = torch.from_numpy(rng.permutation(data.train_items.size)[: cfg.federation.batch_size]).to(device)
         pred, _ = model(batch, user_x, items_x)
-        loss = torch.mean((pred[pick] - targets[pick]) ** 2)
+        sq = (pred[pick] - targets[pick]) ** 2
+        loss = sq.sum() if cfg.federation.loss == "sum" else sq.mean()
         grads = torch.autograd.grad(loss, [*params, items_x, user_x])
         for acc, g in zip(grad_sum, grads[: len(params)]):
             acc += g

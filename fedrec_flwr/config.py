@@ -79,6 +79,7 @@ class FederationConfig:
     user_lr: float = 0.01
     eval_every: int = 5
     item_merge: str = "clients"  # "clients": divide by |S| (paper); "count": per-item count
+    loss: str = "mean"  # reduction of the squared errors over a user's mini-batch: "mean" or "sum"
 
 
 @dataclass
@@ -130,6 +131,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm": ("fedgnn",),
     "model.gnn": ("gat", "gcn", "ggnn"),
     "federation.item_merge": ("clients", "count"),
+    "federation.loss": ("mean", "sum"),
     "server_opt.name": ("sgd", "adam"),
     "expansion.mode": ("none", "fixed", "trainable"),
 }

@@ -92,11 +92,12 @@ def merge_item_gradients(
     uploads: list[tuple[np.ndarray, np.ndarray]], num_items: int, dim: int, normalise: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """(touched ids, merged rows): per-item sum divided by |S| ("clients") or by its count ("count")."""
-    total = np.zeros((num_items, dim), np.float64)
+    total = torch.zeros((num_items, dim), dtype=torch.float64)
     count = np.zeros(num_items, np.int64)
-    for ids, rows in uploads:
-        np.add.at(total, ids, rows)
+    for ids, rows in uploads:  # ids are unique within an upload (validated)
+        total.index_add_(0, torch.from_numpy(ids), torch.from_numpy(rows).double())
         count[ids] += 1
+    total = total.numpy()
     touched = np.flatnonzero(count)
     denom = count[touched][:, None] if normalise == "count" else max(len(uploads), 1)
     return touched, (total[touched] / denom).astype(np.float32)

@@ -31,19 +31,23 @@ def ledoit_wolf_shrinkage(x: np.ndarray) -> tuple[np.ndarray, float, float]:
     """(mean, shrinkage alpha, target variance mu) of the Ledoit-Wolf estimate (1-a) S + a mu I.
 
     With K rows in d dimensions and K < d the sample covariance S is singular; the
-    Ledoit-Wolf intensity is the data-driven amount of isotropic shrinkage.
+    Ledoit-Wolf intensity is the data-driven amount of isotropic shrinkage. Every term is
+    computed from the K x K Gram matrix, O(K^2 d), never forming the d x d matrix S.
     """
     n, p = x.shape
     mean = x.mean(0)
-    xc = x - mean
     if n < 2:
         var = float(np.mean(np.square(x))) if x.size else 0.0
         return mean, 1.0, var
-    s = xc.T @ xc / n
-    mu = float(np.trace(s) / p)
-    d2 = float(np.sum(np.square(s)) - 2 * mu * np.trace(s) + mu * mu * p)
-    sq_norms = np.sum(np.square(xc), 1)
-    b2_bar = float((np.sum(sq_norms ** 2) - 2 * np.einsum("ij,jk,ik->", xc, s, xc) + n * np.sum(np.square(s))) / n**2)
+    xc = x - mean
+    gram = xc @ xc.T  # K x K; S = xc^T xc / n shares its non-zero spectrum (scaled by 1/n)
+    trace_s = float(np.trace(gram)) / n
+    fro2_s = float(np.sum(np.square(gram))) / n**2
+    mu = trace_s / p
+    d2 = fro2_s - 2 * mu * trace_s + mu * mu * p  # ||S - mu I||_F^2
+    sq_norms = np.diag(gram)
+    # (1/n^2) sum_k ||x_k x_k^T - S||_F^2 = (1/n^2) [sum ||x_k||^4 - 2/n sum_k ||xc x_k||^2 + n ||S||_F^2]
+    b2_bar = float(np.sum(sq_norms**2) - 2.0 * np.sum(np.square(gram)) / n + n * fro2_s) / n**2
     alpha = 1.0 if d2 <= 0 else min(max(b2_bar, 0.0), d2) / d2
     return mean, alpha, mu
 
@@ -58,9 +62,9 @@ def pseudo_gradient_rows(rng: np.random.Generator, real_rows: np.ndarray, count:
     if count == 0:
         return np.zeros((0, d), np.float32)
     mean, alpha, mu = ledoit_wolf_shrinkage(real_rows.astype(np.float64))
-    out = np.broadcast_to(mean, (count, d)).copy()
+    out = rng.standard_normal((count, d), dtype=np.float32) * np.float32(np.sqrt(alpha * mu))
+    out += mean.astype(np.float32)
     if k >= 2 and alpha < 1.0:
-        xc = real_rows - mean
-        out += np.sqrt(1.0 - alpha) * (rng.standard_normal((count, k)) @ xc) / np.sqrt(k)
-    out += np.sqrt(alpha * mu) * rng.standard_normal((count, d))
-    return out.astype(np.float32)
+        xc = (real_rows - mean).astype(np.float32)
+        out += np.float32(np.sqrt((1.0 - alpha) / k)) * (rng.standard_normal((count, k), dtype=np.float32) @ xc)
+    return out
