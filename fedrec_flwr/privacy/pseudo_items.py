@@ -68,3 +68,4 @@ def pseudo_gradient_rows(rng: np.random.Generator, real_rows: np.ndarray, count:
         xc = (real_rows - mean).astype(np.float32)
         out += np.float32(np.sqrt((1.0 - alpha) / k)) * (rng.standard_normal((count, k), dtype=np.float32) @ xc)
     return out
+
