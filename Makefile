@@ -23,13 +23,14 @@ $(VENV)/.installed: pyproject.toml
 
 # The main job: FedGNN (privacy on) on the embedded synthetic dataset, through `flwr run`.
 run: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/flwr run . local --stream \
+	PATH="$(CURDIR)/$(BIN):$$PATH" FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
+	  $(BIN)/flwr run . local --stream \
 	  --federation-config "num-supernodes=$(NUM_SUPERNODES)" \
 	  --run-config "$(FLWR_PATHS) $(RUN_CONFIG)"
 	@$(BIN)/python -m fedrec_flwr.summary outputs/latest
 
 test: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 $(BIN)/python -m pytest
 
 bench: install
 	$(BIN)/python -m benchmarks.run --preset fedgnn --dataset ml-100k --data-dir ../shared/data --out outputs/bench-ml100k --centralized
@@ -37,6 +38,8 @@ bench: install
 plot: install
 	$(BIN)/python -m fedrec_flwr.plot outputs/latest --out outputs/latest/plots
 
+# The local SuperLink keeps running after `flwr run`; it also keeps the environment it was
+# started with (PATH, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION).
 stop-superlink:
 	-pkill -f flower-superlink
 

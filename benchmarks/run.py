@@ -37,7 +37,8 @@ def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> 
         f"data-dir='{Path(args.data_dir).resolve()}'", f"cache-dir='{Path(args.cache_dir).resolve()}'",
         f"output-dir='{out.resolve()}'", f"set='{' '.join(overrides)}'",
     ])
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
     cmd = [_flwr_binary(), "run", str(ROOT), "local", "--stream",
            "--federation-config", f"num-supernodes={meta.num_users}", "--run-config", run_config]
     print("+", " ".join(cmd), flush=True)

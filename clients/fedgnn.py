@@ -73,7 +73,8 @@ def local_gradients(
 
     Returns (model gradients, gradient rows of the rated items, updated user embedding,
     training loss). Gradients are averaged over `local_steps` mini-batches; the user
-    embedding takes a plain SGD step after each one and stays on the device.
+    embedding takes a plain SGD step after each one, then `user_steps - 1` more on all the
+    user's ratings, and stays on the device.
     """
     device = device or torch.device("cpu")
     model = model.to(device).train()
@@ -98,6 +99,13 @@ def local_gradients(
         with torch.no_grad():
             user_x -= cfg.federation.user_lr * grads[-1]
         losses.append(loss.item())
+    for _ in range(cfg.federation.user_steps - 1):  # extra private steps: personalisation costs no privacy
+        pred, _ = model(batch, user_x, items_x.detach())
+        sq = (pred - targets) ** 2
+        loss = sq.sum() if cfg.federation.loss == "sum" else sq.mean()
+        (g_user,) = torch.autograd.grad(loss, [user_x])
+        with torch.no_grad():
+            user_x -= cfg.federation.user_lr * g_user
     steps = cfg.federation.local_steps
     return (
         [(g / steps).cpu().numpy() for g in grad_sum],

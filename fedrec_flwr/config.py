@@ -77,6 +77,7 @@ class FederationConfig:
     local_steps: int = 1
     batch_size: int = 64
     user_lr: float = 0.01
+    user_steps: int = 1  # SGD steps on the private user embedding per round (>= 1)
     eval_every: int = 5
     item_merge: str = "clients"  # "clients": divide by |S| (paper); "count": per-item count
     loss: str = "mean"  # reduction of the squared errors over a user's mini-batch: "mean" or "sum"
@@ -141,6 +142,7 @@ _POSITIVE = (
     "federation.rounds",
     "federation.clients_per_round",
     "federation.local_steps",
+    "federation.user_steps",
     "federation.batch_size",
     "federation.eval_every",
     "server_opt.lr",
