@@ -90,20 +90,20 @@ def local_gradients(
     for _ in range(cfg.federation.local_steps):
         pick = torch.from_numpy(rng.permutation(data.train_items.size)[: cfg.federation.batch_size]).to(device)
         pred, _ = model(batch, user_x, items_x)
-        sq = (pred[pick] - targets[pick]) ** 2
-        loss = sq.sum() if cfg.federation.loss == "sum" else sq.mean()
+        loss = torch.mean((pred[pick] - targets[pick]) ** 2)
         grads = torch.autograd.grad(loss, [*params, items_x, user_x])
+        # uploads carry the gradient of the summed loss when federation.loss = "sum": per-row
+        # gradients then use the clip range instead of drowning in the LDP noise
+        scale = float(pick.numel()) if cfg.federation.loss == "sum" else 1.0
         for acc, g in zip(grad_sum, grads[: len(params)]):
-            acc += g
-        row_grad += grads[len(params)]
-        with torch.no_grad():
+            acc += scale * g
+        row_grad += scale * grads[len(params)]
+        with torch.no_grad():  # the private embedding always follows the mean loss
             user_x -= cfg.federation.user_lr * grads[-1]
         losses.append(loss.item())
     for _ in range(cfg.federation.user_steps - 1):  # extra private steps: personalisation costs no privacy
         pred, _ = model(batch, user_x, items_x.detach())
-        sq = (pred - targets) ** 2
-        loss = sq.sum() if cfg.federation.loss == "sum" else sq.mean()
-        (g_user,) = torch.autograd.grad(loss, [user_x])
+        (g_user,) = torch.autograd.grad(torch.mean((pred - targets) ** 2), [user_x])
         with torch.no_grad():
             user_x -= cfg.federation.user_lr * g_user
     steps = cfg.federation.local_steps

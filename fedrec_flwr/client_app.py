@@ -10,6 +10,7 @@ from flwr.client import ClientApp
 from flwr.common import Context
 
 from clients.fedgnn import FedGNNClient
+from clients.trivial import TrivialClient
 from clients.user_store import NodeStateStore
 from fedrec_flwr.config import AppConfig, from_run_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
@@ -40,6 +41,8 @@ def client_fn(context: Context):
     torch.set_num_threads(1)
     key = tuple(sorted(context.run_config.items()))
     cfg = _config(key)
+    if cfg.algorithm == "trivial":
+        return TrivialClient().to_client()
     parts = _partitions(key)
     data = parts.user(user_of(context.node_config))
     return FedGNNClient(cfg, parts.meta, data, NodeStateStore(context.state)).to_client()

@@ -79,8 +79,9 @@ class FederationConfig:
     user_lr: float = 0.01
     user_steps: int = 1  # SGD steps on the private user embedding per round (>= 1)
     eval_every: int = 5
+    trivial_payload_floats: int = 16  # payload of the `trivial` baseline job, per client
     item_merge: str = "clients"  # "clients": divide by |S| (paper); "count": per-item count
-    loss: str = "mean"  # reduction of the squared errors over a user's mini-batch: "mean" or "sum"
+    loss: str = "mean"  # uploaded gradients of the "mean" or "sum" of squared errors over the mini-batch
 
 
 @dataclass
@@ -129,7 +130,7 @@ class AppConfig:
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "algorithm": ("fedgnn",),
+    "algorithm": ("fedgnn", "trivial"),
     "model.gnn": ("gat", "gcn", "ggnn"),
     "federation.item_merge": ("clients", "count"),
     "federation.loss": ("mean", "sum"),
