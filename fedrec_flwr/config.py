@@ -79,6 +79,9 @@ class FederationConfig:
     user_lr: float = 0.01
     user_steps: int = 1  # SGD steps on the private user embedding per round (>= 1)
     eval_every: int = 5
+    # server side: subtract each upload's mean row before merging. Pseudo rows share the real
+    # rows' mean, so unbiased pseudo rows would otherwise push every item of the anonymity set
+    center_uploads: bool = False
     trivial_payload_floats: int = 16  # payload of the `trivial` baseline job, per client
     item_merge: str = "clients"  # "clients": divide by |S| (paper); "count": per-item count
     loss: str = "mean"  # uploaded gradients of the "mean" or "sum" of squared errors over the mini-batch

@@ -234,7 +234,8 @@ class FedGNNStrategy(FedAvg):
         for p, i in zip(self.state.model.parameters(), range(len(self.model_shapes))):
             p.grad = torch.from_numpy(np.asarray(sum(a[0][i] for a in accepted) / s, np.float32)).reshape(p.shape)
         self.model_opt.step()
-        ids, rows = merge_item_gradients([(a[1], a[2]) for a in accepted], self.num_items, self.cfg.model.dim, self.cfg.federation.item_merge)
+        uploads = [(a[1], a[2] - a[2].mean(0) if self.cfg.federation.center_uploads else a[2]) for a in accepted]
+        ids, rows = merge_item_gradients(uploads, self.num_items, self.cfg.model.dim, self.cfg.federation.item_merge)
         self.item_opt.zero_grad()
         grad = torch.sparse_coo_tensor(torch.from_numpy(ids)[None, :], torch.from_numpy(rows), self.state.items.shape)
         if isinstance(self.item_opt, torch.optim.SparseAdam):
