@@ -24,6 +24,8 @@ from strategies.fedgnn_merge import FedGNNStrategy, validate_upload
 
 def run_direct(cfg, device: torch.device | None = None, log_every: int = 5) -> dict:
     """Run cfg.federation.rounds FedGNN rounds in-process; returns final metrics and timings."""
+    if cfg.expansion.mode != "none":
+        raise ValueError("benchmarks.direct drives training rounds only; run graph expansion through flwr run")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, recorder=None)

@@ -19,15 +19,23 @@ from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.metrics import squared_error_sum
 from fedrec_flwr.models import RatingGNN, build_model, build_star_batch
 from fedrec_flwr.privacy import epsilon, num_pseudo, privatize, pseudo_gradient_rows, sample_pseudo_items
-from fedrec_flwr.protocol import PHASE_REGISTER, PHASE_TRAIN
+from fedrec_flwr.neighbours import NeighbourClient, item_tokens
+from fedrec_flwr.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN
 
 
 @dataclass
 class UserState:
-    """What a device keeps between rounds: its private embedding and its fixed anonymity set."""
+    """What a device keeps between rounds: its private embedding, its fixed anonymity set,
+    and the anonymous neighbour embeddings graph expansion gave it."""
 
-    embedding: np.ndarray  # [d] float32, never uploaded
+    embedding: np.ndarray  # [d] float32, never sent to the recommendation server
     anonymity_ids: np.ndarray  # sorted int64: rated train items, test items, pseudo items
+    neighbours: np.ndarray  # [n <= N, d] float32, from the neighbour service
+    handle: str  # random anonymous name towards the neighbour service
+
+    def copy(self) -> "UserState":
+        """An independent copy."""
+        return UserState(self.embedding.copy(), self.anonymity_ids.copy(), self.neighbours.copy(), self.handle)
 
 
 def user_rng(seed: int, user: int, *stream: int) -> np.random.Generator:
@@ -42,7 +50,8 @@ def init_user_state(cfg: AppConfig, meta: PartitionMeta, data: UserData) -> User
     own = np.union1d(data.train_items, data.test_items)
     count = num_pseudo(cfg.privacy.pseudo_items, own.size, meta.num_items - own.size)
     pseudo = sample_pseudo_items(rng, meta.num_items, own, count)
-    return UserState(emb, np.union1d(own, pseudo).astype(np.int64))
+    handle = rng.bytes(16).hex()  # private randomness: the service cannot link it to the user id
+    return UserState(emb, np.union1d(own, pseudo).astype(np.int64), np.zeros((0, cfg.model.dim), np.float32), handle)
 
 
 def set_weights(model: RatingGNN, arrays: list[np.ndarray]) -> None:
@@ -82,14 +91,15 @@ def local_gradients(
     items_x = torch.tensor(item_rows[pos], device=device, requires_grad=True)
     user_x = torch.tensor(state.embedding[None, :], device=device, requires_grad=True)
     targets = torch.from_numpy(data.train_values).to(device)
-    batch = build_star_batch([data.train_items.size]).to(device)
+    neigh_x = torch.from_numpy(state.neighbours).to(device)
+    batch = build_star_batch([data.train_items.size], None, [state.neighbours.shape[0]]).to(device)
     params = list(model.parameters())
     grad_sum = [torch.zeros_like(p) for p in params]
     row_grad = torch.zeros_like(items_x)
     losses = []
     for _ in range(cfg.federation.local_steps):
         pick = torch.from_numpy(rng.permutation(data.train_items.size)[: cfg.federation.batch_size]).to(device)
-        pred, _ = model(batch, user_x, items_x)
+        pred, _ = model(batch, user_x, items_x, None, neigh_x)
         loss = torch.mean((pred[pick] - targets[pick]) ** 2)
         grads = torch.autograd.grad(loss, [*params, items_x, user_x])
         # uploads carry the gradient of the summed loss when federation.loss = "sum": per-row
@@ -102,7 +112,7 @@ def local_gradients(
             user_x -= cfg.federation.user_lr * grads[-1]
         losses.append(loss.item())
     for _ in range(cfg.federation.user_steps - 1):  # extra private steps: personalisation costs no privacy
-        pred, _ = model(batch, user_x, items_x.detach())
+        pred, _ = model(batch, user_x, items_x.detach(), None, neigh_x)
         (g_user,) = torch.autograd.grad(torch.mean((pred - targets) ** 2), [user_x])
         with torch.no_grad():
             user_x -= cfg.federation.user_lr * g_user
@@ -141,9 +151,10 @@ def evaluate_user(
     model = model.to(device).eval()
     train_x = torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, data.train_items)]).to(device)
     query_x = torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, data.test_items)]).to(device)
-    batch = build_star_batch([data.train_items.size], [data.test_items.size]).to(device)
+    batch = build_star_batch([data.train_items.size], [data.test_items.size], [state.neighbours.shape[0]]).to(device)
+    neigh_x = torch.from_numpy(state.neighbours).to(device)
     with torch.no_grad():
-        _, pred = model(batch, torch.from_numpy(state.embedding[None, :]).to(device), train_x, query_x)
+        _, pred = model(batch, torch.from_numpy(state.embedding[None, :]).to(device), train_x, query_x, neigh_x)
     return squared_error_sum(pred.cpu().numpy(), data.test_values, low, high)
 
 
@@ -164,11 +175,28 @@ class FedGNNClient(NumPyClient):
             raise ValueError(f"item rows have shape {rows.shape}, expected {(self.state.anonymity_ids.size, self.cfg.model.dim)}")
         return parameters[:n], rows
 
+    def _expand(self, config, submit: bool, fetch: bool) -> None:
+        """Talk to the neighbour service directly: send embedding + keyed item tokens, get neighbours."""
+        client = NeighbourClient(str(config["nb_address"]), retries=int(config["nb_retries"]))
+        run_id = str(config["nb_run"])
+        if submit:
+            tokens = item_tokens(bytes(config["nb_key"]), self.data.train_items)
+            client.submit(run_id, self.state.handle, self.state.embedding, tokens)
+        if fetch:
+            self.state.neighbours = client.neighbours(run_id, self.state.handle).astype(np.float32)
+
     def fit(self, parameters, config):
-        """Register the anonymity set, or compute and upload protected gradients."""
-        if config.get("phase") == PHASE_REGISTER:
+        """Register, expand the graph, or compute and upload protected gradients (by config['phase'])."""
+        phase = config.get("phase")
+        if phase == PHASE_REGISTER:
             self.store.save(self.data.user, self.state)
             return [self.state.anonymity_ids.copy()], 0, {"phase": PHASE_REGISTER}
+        if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
+            self._expand(config, submit=phase == PHASE_EXPAND_SUBMIT, fetch=phase == PHASE_EXPAND_FETCH)
+            self.store.save(self.data.user, self.state)
+            return [], 0, {"phase": phase, "neighbours": int(self.state.neighbours.shape[0])}
+        if config.get("nb_refresh"):  # trainable expansion: fresh neighbour embeddings every round
+            self._expand(config, submit=True, fetch=True)
         _, rows = self._split(parameters)
         rng = user_rng(self.cfg.seed, self.data.user, 1, int(config["round"]))
         grads, real_rows, new_emb, _ = local_gradients(self.cfg, self.model, self.state, self.data, rows, rng, self.device)

@@ -23,12 +23,13 @@ class NodeStateStore:
         rec = self.state.get(self._key(user))
         if rec is None:
             return None
-        emb, ids = rec.to_numpy_ndarrays()
-        return UserState(emb.astype(np.float32), ids.astype(np.int64))
+        emb, ids, neighbours, handle = rec.to_numpy_ndarrays()
+        return UserState(emb.astype(np.float32), ids.astype(np.int64), neighbours.astype(np.float32), bytes(handle).hex())
 
     def save(self, user: int, st: UserState) -> None:
         """Persist `user`'s state for the next round."""
-        self.state[self._key(user)] = ArrayRecord([st.embedding, st.anonymity_ids])
+        handle = np.frombuffer(bytes.fromhex(st.handle), np.uint8)
+        self.state[self._key(user)] = ArrayRecord([st.embedding, st.anonymity_ids, st.neighbours, handle])
 
 
 class MemoryStore:
@@ -40,8 +41,8 @@ class MemoryStore:
     def load(self, user: int) -> UserState | None:
         """The stored state of `user`, or None."""
         st = self.states.get(user)
-        return None if st is None else UserState(st.embedding.copy(), st.anonymity_ids.copy())
+        return None if st is None else st.copy()
 
     def save(self, user: int, st: UserState) -> None:
         """Keep a copy of `user`'s state."""
-        self.states[user] = UserState(st.embedding.copy(), st.anonymity_ids.copy())
+        self.states[user] = st.copy()

@@ -101,8 +101,10 @@ class ExpansionConfig:
     """Privacy-preserving graph expansion with neighbour users."""
 
     mode: str = "none"
-    epoch: int = 2
-    max_neighbours: int = 10
+    epoch: int = 2  # T: expansion runs after T epochs (epoch = users / clients_per_round rounds)
+    max_neighbours: int = 10  # N
+    service_address: str = ""  # host:port of a running service; empty: start one on loopback
+    retries: int = 3  # client retries when the service is unreachable
 
 
 @dataclass

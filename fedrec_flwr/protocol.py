@@ -8,6 +8,11 @@ Client -> server (fit, phase "train"): [*model gradients, item ids, item-row gra
 all protected by LDP; ids are the whole anonymity set, sorted, so nothing marks the real
 items. Phase "register": [item ids] only. num_examples is always 1: a count of ratings
 would tell the server how many items the user rated.
+
+Graph expansion: in phases "expand-submit" / "expand-fetch" (and in every training round
+when expansion.mode = trainable) the config carries the run's token key, the neighbour
+service's address and run id; the client talks to the service directly and uploads nothing
+to the recommendation server.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import numpy as np
 
 PHASE_REGISTER = "register"
 PHASE_TRAIN = "train"
+PHASE_EXPAND_SUBMIT = "expand-submit"  # every user sends embedding + item tokens to the neighbour service
+PHASE_EXPAND_FETCH = "expand-fetch"  # every user fetches its anonymous neighbours' embeddings
 
 
 def array_bytes(arrays: list[np.ndarray]) -> int:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+import secrets
 
 from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fedrec_flwr.config import from_run_config, to_dict
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.neighbours import NeighbourClient, new_run_key
+from fedrec_flwr.neighbours.process import start_local_service
 from fedrec_flwr.results import RunRecorder
 from clients.trivial import trivial_parameters
-from strategies.fedgnn_merge import FedGNNStrategy
+from strategies.fedgnn_merge import ExpansionLink, FedGNNStrategy
 from strategies.timed_fedavg import TimedFedAvg
 
 log = logging.getLogger(__name__)
@@ -27,8 +30,21 @@ def server_fn(context: Context) -> ServerAppComponents:
     print(f"[fedgnn] dataset {meta.dataset}: {meta.num_users} users, {meta.num_items} items, "
           f"{meta.num_train} train / {meta.num_test} test ratings; output {cfg.output_dir}", flush=True)
     recorder = RunRecorder(cfg.output_dir, cfg.algorithm, meta.dataset, to_dict(cfg))
-    strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, recorder)
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.federation.rounds + 1))
+    link = _expansion_link(cfg, meta.num_items) if cfg.expansion.mode != "none" else None
+    strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, recorder, meta.num_users, link)
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=strategy.num_rounds))
+
+
+def _expansion_link(cfg, num_items: int) -> ExpansionLink:
+    """Key material for the clients, and the neighbour service (started on loopback unless configured)."""
+    address = cfg.expansion.service_address
+    if not address:
+        address, _ = start_local_service()
+        print(f"[fedgnn] neighbour service started on {address}", flush=True)
+    run_id = secrets.token_hex(8)
+    NeighbourClient(address, retries=cfg.expansion.retries).open_run(
+        run_id, cfg.model.dim, max_tokens=num_items, max_neighbours=cfg.expansion.max_neighbours)
+    return ExpansionLink(new_run_key(), address, run_id)
 
 
 def _trivial_components(cfg) -> ServerAppComponents:

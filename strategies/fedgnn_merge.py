@@ -31,7 +31,7 @@ from flwr.server.strategy import FedAvg
 
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.models import build_model
-from fedrec_flwr.protocol import PHASE_REGISTER, PHASE_TRAIN, array_bytes
+from fedrec_flwr.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, array_bytes
 from fedrec_flwr.results import RunRecorder
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
@@ -103,6 +103,35 @@ def merge_item_gradients(
     return touched, (total[touched] / denom).astype(np.float32)
 
 
+@dataclass(frozen=True)
+class ExpansionLink:
+    """What the server hands clients for graph expansion: the token key and where the service is."""
+
+    key: bytes
+    address: str
+    run_id: str
+
+
+def round_schedule(cfg: AppConfig, num_users: int) -> list[str]:
+    """Phase of every Flower round: register, training rounds, and (once, after T epochs) expansion.
+
+    One epoch is ceil(users / clients_per_round) training rounds. Expansion is two rounds in which
+    every user first submits to the neighbour service, then fetches its neighbours.
+    """
+    rounds = cfg.federation.rounds
+    phases = [PHASE_REGISTER] + [PHASE_TRAIN] * rounds
+    if cfg.expansion.mode != "none":
+        per_epoch = -(-num_users // cfg.federation.clients_per_round)
+        after = cfg.expansion.epoch * per_epoch
+        if after >= rounds:
+            raise ValueError(
+                f"expansion.epoch = {cfg.expansion.epoch} puts graph expansion after training round {after}, "
+                f"but federation.rounds = {rounds}; lower the epoch or add rounds"
+            )
+        phases[1 + after : 1 + after] = [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH]
+    return phases
+
+
 @dataclass
 class ServerState:
     """What the recommendation server holds: model, item table, optimiser and the registry of anonymity sets."""
@@ -115,7 +144,10 @@ class ServerState:
 class FedGNNStrategy(FedAvg):
     """FedAvg over model gradients with item-row gradients merged by id (FedGNN's server)."""
 
-    def __init__(self, cfg: AppConfig, num_items: int, bias_init: float, recorder: RunRecorder | None = None, **kwargs):
+    def __init__(
+        self, cfg: AppConfig, num_items: int, bias_init: float, recorder: RunRecorder | None = None,
+        num_users: int = 0, expansion: ExpansionLink | None = None, **kwargs,
+    ):
         super().__init__(
             min_fit_clients=cfg.federation.min_clients,
             min_evaluate_clients=1,
@@ -146,6 +178,25 @@ class FedGNNStrategy(FedAvg):
         self.rejections: list[tuple[int, str]] = []
         self.history: list[dict] = []
         self.final: dict[str, float] = {}
+        self.schedule = round_schedule(cfg, num_users)
+        self.expansion = expansion
+        if cfg.expansion.mode != "none" and expansion is None:
+            raise ValueError(f"expansion.mode = {cfg.expansion.mode!r} needs a neighbour service link")
+        self.train_rounds_done = 0
+
+    @property
+    def num_rounds(self) -> int:
+        """Flower rounds this strategy needs (registration, training, expansion)."""
+        return len(self.schedule)
+
+    def phase(self, server_round: int) -> str:
+        """The phase of a Flower round."""
+        return self.schedule[server_round - 1]
+
+    def _expansion_config(self) -> dict:
+        link = self.expansion
+        return {"nb_key": link.key, "nb_address": link.address, "nb_run": link.run_id,
+                "nb_retries": self.cfg.expansion.retries}
 
     # -- helpers ---------------------------------------------------------------------
     def model_weights(self) -> list[np.ndarray]:
@@ -168,27 +219,37 @@ class FedGNNStrategy(FedAvg):
         return ndarrays_to_parameters(self.model_weights())
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
-        """Round 1: every client registers. Later: sampled clients get weights + their rows."""
+        """Register / expand: every client. Train: sampled clients get weights + their own rows."""
         self.round_started = time.time()
-        if server_round == 1:
-            clients = client_manager.all().values()
-            ins = FitIns(ndarrays_to_parameters([]), {"phase": PHASE_REGISTER, "round": server_round})
+        phase = self.phase(server_round)
+        if phase == PHASE_REGISTER:
+            ins = FitIns(ndarrays_to_parameters([]), {"phase": phase, "round": server_round})
             self.traffic[server_round] = {"bytes_down": 0.0}
-            return [(c, ins) for c in clients]
+            return [(c, ins) for c in client_manager.all().values()]
         registered = [c for c in client_manager.all().values() if c.node_id in self.state.registry]
+        if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
+            ins = FitIns(ndarrays_to_parameters([]), {"phase": phase, "round": server_round, **self._expansion_config()})
+            self.traffic[server_round] = {"bytes_down": 0.0}
+            return [(c, ins) for c in registered]
         k = min(self.cfg.federation.clients_per_round, len(registered))
         rng = np.random.default_rng([self.cfg.seed, server_round])
         chosen = [registered[i] for i in rng.choice(len(registered), size=k, replace=False)]
+        config: dict = {"phase": PHASE_TRAIN, "round": server_round}
+        if self.cfg.expansion.mode == "trainable" and PHASE_EXPAND_FETCH in self.schedule[: server_round - 1]:
+            config.update(self._expansion_config(), nb_refresh=True)
         out, down = [], 0
         for c in chosen:
             payload = self._payload(c.node_id)
             down += array_bytes(payload)
-            out.append((c, FitIns(ndarrays_to_parameters(payload), {"phase": PHASE_TRAIN, "round": server_round})))
+            out.append((c, FitIns(ndarrays_to_parameters(payload), config)))
         self.traffic[server_round] = {"bytes_down": down / max(len(out), 1)}
         return out
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures):
         """Validate, merge and apply; rejected updates are logged and counted, never averaged in."""
+        phase = self.phase(server_round)
+        if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
+            return self._finish_expansion(server_round, phase, results, failures)
         for f in failures:
             self._reject(server_round, f"client failure: {f if isinstance(f, BaseException) else 'error result'}")
         accepted: list[tuple[list[np.ndarray], np.ndarray, np.ndarray]] = []
@@ -197,7 +258,7 @@ class FedGNNStrategy(FedAvg):
             arrays = parameters_to_ndarrays(res.parameters)
             up += array_bytes(arrays)
             try:
-                if server_round == 1:
+                if phase == PHASE_REGISTER:
                     self.state.registry[proxy.node_id] = validate_registration(arrays, self.num_items, self._min_rows())
                     continue
                 accepted.append(
@@ -210,16 +271,18 @@ class FedGNNStrategy(FedAvg):
                 self._reject(server_round, f"node {proxy.node_id}: {exc}")
         record = {
             "round": server_round,
-            "phase": PHASE_REGISTER if server_round == 1 else PHASE_TRAIN,
+            "phase": phase,
             "clients": len(results),
-            "accepted": len(accepted) if server_round > 1 else len(self.state.registry),
-            "rejected": len(failures) + len(results) - (len(accepted) if server_round > 1 else len(self.state.registry)),
+            "accepted": len(accepted) if phase == PHASE_TRAIN else len(self.state.registry),
+            "rejected": len(failures) + len(results) - (len(accepted) if phase == PHASE_TRAIN else len(self.state.registry)),
             "bytes_down": self.traffic.get(server_round, {}).get("bytes_down", 0.0),
             "bytes_up": up / max(len(results), 1),
         }
+        if phase == PHASE_TRAIN:
+            self.train_rounds_done += 1
         if accepted and len(accepted) >= self.cfg.federation.min_clients:
             self._apply(accepted)
-        elif server_round > 1:
+        elif phase == PHASE_TRAIN:
             log.warning("round %d: %d accepted updates < min_clients=%d; model unchanged",
                         server_round, len(accepted), self.cfg.federation.min_clients)
         if self.cfg.privacy.ldp:
@@ -227,6 +290,22 @@ class FedGNNStrategy(FedAvg):
         record["round_seconds"] = time.time() - self.round_started
         self._record(record)
         return ndarrays_to_parameters(self.model_weights()), {k: v for k, v in record.items() if isinstance(v, (int, float))}
+
+    def _finish_expansion(self, server_round: int, phase: str, results, failures):
+        """Every user must have expanded; otherwise stop: no training on half-expanded graphs."""
+        if failures:
+            reasons = sorted({str(f) if isinstance(f, BaseException) else "client error" for f in failures})[:3]
+            raise RuntimeError(
+                f"graph expansion ({phase}) failed for {len(failures)} of {len(failures) + len(results)} users; "
+                f"stopping instead of training on half-expanded graphs: {'; '.join(reasons)}"
+            )
+        record = {"round": server_round, "phase": phase, "clients": len(results), "accepted": len(results),
+                  "rejected": 0, "bytes_down": 0.0, "bytes_up": 0.0, "round_seconds": time.time() - self.round_started}
+        if phase == PHASE_EXPAND_FETCH:
+            counts = [int(r.metrics.get("neighbours", 0)) for _, r in results]
+            record["mean_neighbours"] = float(np.mean(counts)) if counts else 0.0
+        self._record(record)
+        return ndarrays_to_parameters(self.model_weights()), {}
 
     def _apply(self, accepted: list[tuple[list[np.ndarray], np.ndarray, np.ndarray]]) -> None:
         s = len(accepted)
@@ -249,8 +328,10 @@ class FedGNNStrategy(FedAvg):
         self.rejections.append((server_round, reason))
 
     def _is_eval_round(self, server_round: int) -> bool:
-        r = server_round - 1  # training rounds so far
-        return r > 0 and (r % self.cfg.federation.eval_every == 0 or r == self.cfg.federation.rounds)
+        if self.phase(server_round) != PHASE_TRAIN:
+            return False
+        r = self.train_rounds_done
+        return r > 0 and (r % self.cfg.federation.eval_every == 0 or server_round == self.num_rounds)
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
         """On evaluation rounds every registered user evaluates on its own test ratings."""
@@ -272,7 +353,7 @@ class FedGNNStrategy(FedAvg):
         metrics = {"rmse": float(np.sqrt(sse / n)), "mae": sae / n, "eval_ratings": n, "eval_failures": len(failures)}
         self.final = {"rmse": metrics["rmse"], "mae": metrics["mae"]}
         self._record({"round": server_round, **metrics})
-        if server_round == self.cfg.federation.rounds + 1:
+        if server_round == self.num_rounds:
             self.finish()
         return metrics["rmse"], metrics
 

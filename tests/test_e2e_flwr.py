@@ -34,3 +34,22 @@ def test_flwr_run_writes_results(tmp_path, capsys):
     assert all(r["bytes_down"] < 60 * 16 * 4 + 16 * 16 * 4 * 8 for r in train)
     assert doc["rounds"][0]["phase"] == "register" and doc["rounds"][0]["accepted"] == 24
     assert doc["config"]["privacy"]["ldp"] is True and doc["wall_seconds"] > 0
+
+
+@pytest.mark.skipif(shutil.which("flower-superlink", path=str(Path(sys.executable).parent)) is None,
+                    reason="flower-superlink not installed next to this Python")
+def test_flwr_run_with_graph_expansion(tmp_path, capsys):
+    """The neighbour service starts as its own process; every user expands, then trains with neighbours."""
+    out = tmp_path / "out"
+    run_main([
+        "--preset", "fedgnn", "--dataset", "synthetic", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+        "--set", "data.synthetic.num_users=20", "data.synthetic.num_items=50", "data.synthetic.mean_degree=8",
+        "model.dim=8", "privacy.pseudo_items=10", "federation.rounds=2", "federation.clients_per_round=8",
+        "federation.eval_every=2", "expansion.mode=trainable", "expansion.epoch=0", "expansion.max_neighbours=3",
+    ])
+    doc = json.loads((out / "results.json").read_text())
+    phases = [r.get("phase") for r in doc["rounds"]]
+    assert phases[:3] == ["register", "expand-submit", "expand-fetch"] and phases.count("train") == 2
+    fetch = doc["rounds"][2]
+    assert fetch["accepted"] == 20 and 0 < fetch["mean_neighbours"] <= 3
+    assert doc["status"] == "finished" and 0 < doc["final"]["rmse"] < 4

@@ -1,0 +1,39 @@
+"""Start the neighbour service as its own process on loopback (what simulations do)."""
+
+from __future__ import annotations
+
+import atexit
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_local_service(timeout_s: float = 20.0) -> tuple[str, subprocess.Popen]:
+    """Spawn `python -m fedrec_flwr.neighbours.service` on a free loopback port; stopped at exit."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedrec_flwr.neighbours.service", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    atexit.register(proc.terminate)
+    address = f"127.0.0.1:{port}"
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"neighbour service exited with code {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(f"http://{address}/health", timeout=1) as resp:  # noqa: S310
+                if resp.status == 200:
+                    return address, proc
+        except OSError:
+            time.sleep(0.1)
+    proc.terminate()
+    raise RuntimeError(f"neighbour service did not answer on {address} within {timeout_s:.0f}s")

@@ -1,0 +1,85 @@
+"""Graph expansion inside FedGNN: round schedule, clients expanding through the real service, failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clients.fedgnn import FedGNNClient, local_gradients
+from clients.user_store import MemoryStore
+from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.models import build_model
+from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
+from fedrec_flwr.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN
+from strategies.fedgnn_merge import ExpansionLink, FedGNNStrategy, round_schedule
+
+
+def test_schedule_puts_expansion_after_t_epochs(tiny_cfg):
+    cfg = tiny_cfg("expansion.mode=fixed", "expansion.epoch=2", "federation.clients_per_round=25", "federation.rounds=10")
+    phases = round_schedule(cfg, num_users=60)  # 3 rounds per epoch -> after training round 6
+    assert phases[0] == PHASE_REGISTER and phases[7:9] == [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH]
+    assert phases.count(PHASE_TRAIN) == 10
+    assert PHASE_EXPAND_SUBMIT not in round_schedule(tiny_cfg("federation.rounds=10"), 60)
+    with pytest.raises(ValueError, match="expansion.epoch = 5 .* federation.rounds = 10"):
+        round_schedule(tiny_cfg("expansion.mode=fixed", "expansion.epoch=5", "federation.clients_per_round=25",
+                                "federation.rounds=10"), 60)
+
+
+@pytest.fixture
+def service():
+    httpd, _ = serve("127.0.0.1", 0)
+    yield f"127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def _expand_all(cfg, parts, store, config):
+    clients = {u: FedGNNClient(cfg, parts.meta, parts.user(u), store) for u in range(parts.meta.num_users)}
+    for phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
+        for u, c in clients.items():
+            c.state = store.load(u) or c.state
+            arrays, n, metrics = c.fit([], {**config, "phase": phase, "round": 2})
+            assert arrays == [] and n == 0  # nothing goes to the recommendation server
+
+
+def test_clients_get_exactly_their_co_raters_as_anonymous_neighbours(tiny_cfg, service):
+    cfg = tiny_cfg("expansion.mode=fixed", "expansion.max_neighbours=1000")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    key, run = new_run_key(), "t1"
+    NeighbourClient(service).open_run(run, cfg.model.dim, parts.meta.num_items, 1000)
+    store = MemoryStore()
+    _expand_all(cfg, parts, store, {"nb_key": key, "nb_address": service, "nb_run": run, "nb_retries": 0})
+    users = range(parts.meta.num_users)
+    embs = {u: store.load(u).embedding for u in users}
+    for u in users:
+        got = {tuple(np.round(r, 5)) for r in store.load(u).neighbours}
+        mine = parts.user(u).train_items
+        expected = {tuple(np.round(embs[v], 5)) for v in users if v != u and np.intersect1d(mine, parts.user(v).train_items).size}
+        assert got == expected and tuple(np.round(embs[u], 5)) not in got
+
+
+def test_neighbours_enter_the_star_graph_and_change_predictions(tiny_cfg):
+    cfg = tiny_cfg("model.dropout=0")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    data = parts.user(3)
+    store = MemoryStore()
+    client = FedGNNClient(cfg, parts.meta, data, store)
+    model = build_model(cfg.model, parts.meta.scale.midpoint)
+    rows = np.random.default_rng(0).standard_normal((client.state.anonymity_ids.size, cfg.model.dim)).astype(np.float32) * 0.1
+    without = local_gradients(cfg, model, client.state, data, rows, np.random.default_rng(1))
+    client.state.neighbours = np.ones((4, cfg.model.dim), np.float32)
+    with_n = local_gradients(cfg, model, client.state, data, rows, np.random.default_rng(1))
+    assert not np.allclose(without[1], with_n[1])
+
+
+def test_strategy_stops_instead_of_training_on_half_expanded_graphs(tiny_cfg):
+    cfg = tiny_cfg("expansion.mode=fixed", "expansion.epoch=0")
+    link = ExpansionLink(new_run_key(), "127.0.0.1:9", "r")
+    strategy = FedGNNStrategy(cfg, 80, 3.0, None, 60, link)
+    assert strategy.phase(2) == PHASE_EXPAND_SUBMIT
+    with pytest.raises(RuntimeError, match="graph expansion \\(expand-submit\\) failed for 1 of 1 users"):
+        strategy.aggregate_fit(2, [], [ConnectionError("neighbour service unreachable")])
+
+
+def test_expansion_without_a_service_link_is_refused(tiny_cfg):
+    with pytest.raises(ValueError, match="needs a neighbour service link"):
+        FedGNNStrategy(tiny_cfg("expansion.mode=fixed", "expansion.epoch=0"), 80, 3.0, None, 60, None)
