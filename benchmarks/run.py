@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from fedrec_flwr.config import load_config, parse_overrides
-from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.data import UserPartitions, load_from_config, prepare_partitions
 from fedrec_flwr.results import load_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,16 +31,19 @@ def _flwr_binary() -> str:
 def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> dict:
     """Run the app through `flwr run` with one virtual SuperNode per user; returns results.json."""
     cfg = load_config(args.preset, args.dataset, [f"data.data_dir={args.data_dir}", f"data.cache_dir={args.cache_dir}", *overrides])
-    meta = UserPartitions(prepare_partitions(cfg.data)).meta  # built once here, read by every client
+    if cfg.algorithm == "fppdm":  # one SuperNode per domain
+        num_nodes = len(load_from_config(cfg.data).domains)
+    else:  # one SuperNode per user; partitions built once here, read by every client
+        num_nodes = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
     run_config = " ".join([
-        f"preset='{args.preset}'", f"dataset='{args.dataset}'", f"seed={args.seed}",
+        f"preset='{args.preset}'", f"dataset='{args.dataset or ''}'", f"seed={args.seed}",
         f"data-dir='{Path(args.data_dir).resolve()}'", f"cache-dir='{Path(args.cache_dir).resolve()}'",
         f"output-dir='{out.resolve()}'", f"set='{' '.join(overrides)}'",
     ])
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
     cmd = [_flwr_binary(), "run", str(ROOT), "local", "--stream",
-           "--federation-config", f"num-supernodes={meta.num_users}", "--run-config", run_config]
+           "--federation-config", f"num-supernodes={num_nodes}", "--run-config", run_config]
     print("+", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, env=env, cwd=ROOT)
     results = out / "results.json"
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     """Parse arguments, run, print the final metrics as the last line."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="fedgnn")
-    ap.add_argument("--dataset", default="synthetic")
+    ap.add_argument("--dataset", default="", help="registry name; default: the preset's own")
     ap.add_argument("--data-dir", default="data")
     ap.add_argument("--cache-dir", default=str(ROOT / ".cache" / "fedrec"))
     ap.add_argument("--out", required=True)

@@ -46,3 +46,22 @@ class MemoryStore:
     def save(self, user: int, st: UserState) -> None:
         """Keep a copy of `user`'s state."""
         self.states[user] = st.copy()
+
+
+_DOMAIN_KEYS = ("mu", "sigma_raw")
+
+
+class DomainStateStore:
+    """Keeps an FPPDM domain's model parameters in the node's RecordDict between rounds."""
+
+    def __init__(self, state: RecordDict):
+        self.state = state
+
+    def load(self) -> dict[str, np.ndarray] | None:
+        """The saved parameters, or None before the first round."""
+        rec = self.state.get("fppdm.domain")
+        return None if rec is None else dict(zip(_DOMAIN_KEYS, rec.to_numpy_ndarrays()))
+
+    def save(self, arrays: dict[str, np.ndarray]) -> None:
+        """Persist the parameters for the next round."""
+        self.state["fppdm.domain"] = ArrayRecord([arrays[k] for k in _DOMAIN_KEYS])

@@ -11,9 +11,10 @@ from flwr.common import Context
 
 from clients.fedgnn import FedGNNClient
 from clients.trivial import TrivialClient
-from clients.user_store import NodeStateStore
+from clients.fppdm import FPPDMDomainClient
+from clients.user_store import DomainStateStore, NodeStateStore
 from fedrec_flwr.config import AppConfig, from_run_config
-from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.data import MultiDomainDataset, UserPartitions, load_from_config, prepare_partitions
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,14 @@ def _config(items: tuple) -> AppConfig:
 @functools.lru_cache(maxsize=4)
 def _partitions(cfg_key: tuple) -> UserPartitions:
     return UserPartitions(prepare_partitions(_config(cfg_key).data))
+
+
+@functools.lru_cache(maxsize=2)
+def _multidomain(cfg_key: tuple) -> MultiDomainDataset:
+    ds = load_from_config(_config(cfg_key).data)
+    if not isinstance(ds, MultiDomainDataset):
+        raise ValueError(f"dataset '{ds.name}' is not multi-domain; FPPDM needs domains sharing user ids")
+    return ds
 
 
 def user_of(node_config) -> int:
@@ -43,6 +52,12 @@ def client_fn(context: Context):
     cfg = _config(key)
     if cfg.algorithm == "trivial":
         return TrivialClient().to_client()
+    if cfg.algorithm == "fppdm":
+        index = user_of(context.node_config)
+        domains = _multidomain(key).domains
+        if index >= len(domains):
+            raise ValueError(f"node {index} has no domain: dataset {cfg.data.name} has {len(domains)} (one SuperNode per domain)")
+        return FPPDMDomainClient(cfg, domains[index], index, DomainStateStore(context.state)).to_client()
     parts = _partitions(key)
     data = parts.user(user_of(context.node_config))
     return FedGNNClient(cfg, parts.meta, data, NodeStateStore(context.state)).to_client()

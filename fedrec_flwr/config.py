@@ -118,6 +118,21 @@ class CentralizedConfig:
 
 
 @dataclass
+class FPPDMConfig:
+    """FPPDM / FPPDM++: per-domain Gaussian LightGCN, Wasserstein metric loss, barycenter server."""
+
+    dim: int = 128
+    layers: int = 3
+    margin: float = 1.0
+    lambda_p: float = 0.05  # weight of W2(local user, global user)
+    lr: float = 0.001
+    batch_size: int = 256
+    local_epochs: int = 5
+    negatives: int = 99  # sampled negatives per test user (leave-one-out ranking)
+    topk: list[int] = field(default_factory=lambda: [5, 10])
+
+
+@dataclass
 class AppConfig:
     """Everything a run needs, validated."""
 
@@ -132,10 +147,11 @@ class AppConfig:
     server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
     expansion: ExpansionConfig = field(default_factory=ExpansionConfig)
     centralized: CentralizedConfig = field(default_factory=CentralizedConfig)
+    fppdm: FPPDMConfig = field(default_factory=FPPDMConfig)
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "algorithm": ("fedgnn", "trivial"),
+    "algorithm": ("fedgnn", "trivial", "fppdm"),
     "model.gnn": ("gat", "gcn", "ggnn"),
     "federation.item_merge": ("clients", "count"),
     "federation.loss": ("mean", "sum"),
@@ -154,6 +170,12 @@ _POSITIVE = (
     "server_opt.lr",
     "centralized.epochs",
     "centralized.batch_users",
+    "fppdm.dim",
+    "fppdm.layers",
+    "fppdm.lr",
+    "fppdm.batch_size",
+    "fppdm.local_epochs",
+    "fppdm.negatives",
 )
 _NON_NEGATIVE = ("privacy.pseudo_items", "privacy.clip_delta", "model.dropout", "expansion.max_neighbours")
 
@@ -240,6 +262,7 @@ def load_config(
     cfg = OmegaConf.structured(AppConfig)
     cfg = _merge(cfg, _load_yaml(_preset_path(preset), "preset", available_presets()), f"conf/{preset}.yaml")
     cfg.preset = preset
+    dataset = dataset or cfg.data.name  # no dataset given: the preset's own default
     if dataset:
         ds_path = dataset_conf_path(dataset)
         if ds_path.is_file():

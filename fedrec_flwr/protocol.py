@@ -28,3 +28,7 @@ PHASE_EXPAND_FETCH = "expand-fetch"  # every user fetches its anonymous neighbou
 def array_bytes(arrays: list[np.ndarray]) -> int:
     """Payload size of a list of arrays, as Flower serialises them (raw bytes)."""
     return int(sum(np.asarray(a).nbytes for a in arrays))
+
+
+class UploadRejected(ValueError):
+    """A client update that fails validation; the message is the reason that gets logged."""

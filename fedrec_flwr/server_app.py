@@ -9,11 +9,12 @@ from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fedrec_flwr.config import from_run_config, to_dict
-from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.data import MultiDomainDataset, UserPartitions, load_from_config, prepare_partitions
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key
 from fedrec_flwr.neighbours.process import start_local_service
 from fedrec_flwr.results import RunRecorder
 from clients.trivial import trivial_parameters
+from strategies.barycenter import WassersteinBarycenterStrategy
 from strategies.fedgnn_merge import ExpansionLink, FedGNNStrategy
 from strategies.timed_fedavg import TimedFedAvg
 
@@ -25,6 +26,8 @@ def server_fn(context: Context) -> ServerAppComponents:
     cfg = from_run_config(context.run_config)
     if cfg.algorithm == "trivial":
         return _trivial_components(cfg)
+    if cfg.algorithm == "fppdm":
+        return _fppdm_components(cfg)
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     print(f"[fedgnn] dataset {meta.dataset}: {meta.num_users} users, {meta.num_items} items, "
@@ -45,6 +48,18 @@ def _expansion_link(cfg, num_items: int) -> ExpansionLink:
     NeighbourClient(address, retries=cfg.expansion.retries).open_run(
         run_id, cfg.model.dim, max_tokens=num_items, max_neighbours=cfg.expansion.max_neighbours)
     return ExpansionLink(new_run_key(), address, run_id)
+
+
+def _fppdm_components(cfg) -> ServerAppComponents:
+    """FPPDM: one SuperNode per domain, Wasserstein barycenter of the shared users."""
+    ds = load_from_config(cfg.data)
+    if not isinstance(ds, MultiDomainDataset):
+        raise ValueError(f"dataset '{cfg.data.name}' is not multi-domain; FPPDM needs domains sharing user ids")
+    print(f"[fppdm] dataset {ds.name}: {len(ds.domains)} domains ({', '.join(d.name for d in ds.domains)}), "
+          f"{ds.num_users} user ids; output {cfg.output_dir}", flush=True)
+    recorder = RunRecorder(cfg.output_dir, cfg.algorithm, ds.name, to_dict(cfg))
+    strategy = WassersteinBarycenterStrategy(cfg, ds.num_users, len(ds.domains), recorder)
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.federation.rounds))
 
 
 def _trivial_components(cfg) -> ServerAppComponents:

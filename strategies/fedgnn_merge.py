@@ -31,14 +31,12 @@ from flwr.server.strategy import FedAvg
 
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.models import build_model
-from fedrec_flwr.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, array_bytes
+from fedrec_flwr.protocol import (
+    PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, UploadRejected, array_bytes,
+)
 from fedrec_flwr.results import RunRecorder
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
-
-
-class UploadRejected(ValueError):
-    """A client update that fails validation; the message is the reason that gets logged."""
 
 
 def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: int) -> np.ndarray:
