@@ -66,7 +66,7 @@ class DomainTrainer:
         self.device = device or torch.device("cpu")
         torch.manual_seed(cfg.seed * 1000 + domain_index)
         adj = normalised_adjacency(data.num_users, data.num_items, data.users, data.items)
-        self.model = GaussianLightGCN(data.num_users, data.num_items, self.f.dim, self.f.layers, adj).to(self.device)
+        self.model = GaussianLightGCN(data.num_users, data.num_items, self.f.dim, self.f.layers, adj, self.f.gaussian).to(self.device)
         self.domain_index = domain_index
 
     def state(self) -> dict[str, np.ndarray]:

@@ -130,6 +130,8 @@ class FPPDMConfig:
     local_epochs: int = 5
     negatives: int = 99  # sampled negatives per test user (leave-one-out ranking)
     topk: list[int] = field(default_factory=lambda: [5, 10])
+    gaussian: bool = True  # false: point embeddings (sigma = 0, W2 becomes Euclidean): the LightGCN baseline
+    aggregate: bool = True  # false: every domain trains alone (the single-domain baseline)
 
 
 @dataclass

@@ -40,8 +40,8 @@ def validate_distributions(arrays: list[np.ndarray], num_users: int, dim: int) -
             raise UploadRejected(f"{name} has shape {a.shape}, expected {(ids.size, dim)}")
         if not np.issubdtype(a.dtype, np.floating) or not np.isfinite(a).all():
             raise UploadRejected(f"{name} has NaN/Inf or a non-float dtype")
-    if (sigma <= 0).any():
-        raise UploadRejected("sigma must be positive")
+    if (sigma < 0).any():
+        raise UploadRejected("sigma must be non-negative (positive for Gaussians, zero for point embeddings)")
     return ids.astype(np.int64), mu.astype(np.float32), sigma.astype(np.float32)
 
 
@@ -67,7 +67,7 @@ class WassersteinBarycenterStrategy(FedAvg):
 
     def _for_domain(self, node_id: int) -> list[np.ndarray]:
         users = self.domain_users.get(node_id)
-        if users is None or self.global_ids.size == 0:
+        if users is None or self.global_ids.size == 0 or not self.cfg.fppdm.aggregate:
             return []
         pos = np.searchsorted(self.global_ids, users)
         return [users, self.global_mu[pos], self.global_sigma[pos]]

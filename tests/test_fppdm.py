@@ -60,7 +60,7 @@ def test_user_barycenters_average_only_where_users_appear():
         ([np.array([0, 9]), np.zeros((2, 2)), np.ones((2, 2))], "out of range"),
         ([np.array([0, 1]), np.zeros((2, 3)), np.ones((2, 2))], "mu has shape"),
         ([np.array([0, 1]), np.full((2, 2), np.nan), np.ones((2, 2))], "NaN"),
-        ([np.array([0, 1]), np.zeros((2, 2)), -np.ones((2, 2))], "sigma must be positive"),
+        ([np.array([0, 1]), np.zeros((2, 2)), -np.ones((2, 2))], "sigma must be non-negative"),
         ([np.array([0, 1]), np.zeros((2, 2))], "expected 3 arrays"),
     ],
 )

@@ -36,9 +36,9 @@ def w2_squared(mu1: torch.Tensor, s1: torch.Tensor, mu2: torch.Tensor, s2: torch
 class GaussianLightGCN(nn.Module):
     """Per-domain model: mean and std embeddings for every user and item, smoothed over the graph."""
 
-    def __init__(self, num_users: int, num_items: int, dim: int, layers: int, adjacency: torch.Tensor):
+    def __init__(self, num_users: int, num_items: int, dim: int, layers: int, adjacency: torch.Tensor, gaussian: bool = True):
         super().__init__()
-        self.num_users, self.num_items, self.layers = num_users, num_items, layers
+        self.num_users, self.num_items, self.layers, self.gaussian = num_users, num_items, layers, gaussian
         self.mu = nn.Parameter(torch.randn(num_users + num_items, dim) * 0.1)
         self.sigma_raw = nn.Parameter(torch.randn(num_users + num_items, dim) * 0.1)
         self.register_buffer("adj", adjacency)
@@ -56,5 +56,8 @@ class GaussianLightGCN(nn.Module):
         return out / (self.layers + 1)
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mu, sigma) [num_users + num_items, dim] after propagation; sigma > 0."""
-        return self._propagate(self.mu), nn.functional.elu(self._propagate(self.sigma_raw)) + 1.0
+        """(mu, sigma) [num_users + num_items, dim] after propagation; sigma > 0 (0 for point embeddings)."""
+        mu = self._propagate(self.mu)
+        if not self.gaussian:
+            return mu, torch.zeros_like(mu)
+        return mu, nn.functional.elu(self._propagate(self.sigma_raw)) + 1.0
