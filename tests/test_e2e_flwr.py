@@ -53,3 +53,17 @@ def test_flwr_run_with_graph_expansion(tmp_path, capsys):
     fetch = doc["rounds"][2]
     assert fetch["accepted"] == 20 and 0 < fetch["mean_neighbours"] <= 3
     assert doc["status"] == "finished" and 0 < doc["final"]["rmse"] < 4
+
+
+@pytest.mark.skipif(shutil.which("flower-superlink", path=str(Path(sys.executable).parent)) is None,
+                    reason="flower-superlink not installed next to this Python")
+def test_flwr_run_fppdm_one_supernode_per_domain(tmp_path, capsys):
+    out = tmp_path / "out"
+    run_main(["--preset", "fppdm", "--dataset", "synthetic-md3", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+              "--set", "federation.rounds=2", "federation.eval_every=1", "fppdm.dim=16", "fppdm.local_epochs=1"])
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["status"] == "finished" and doc["algorithm"] == "fppdm"
+    assert {"hr@5", "ndcg@5", "hr@10", "ndcg@10", "domain0/hr@10"} <= set(final)
+    train = [r for r in doc["rounds"] if r.get("phase") == "train"]
+    assert len(train) == 2 and all(r["accepted"] == 3 and r["overlapping_users"] > 0 for r in train)
