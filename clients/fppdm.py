@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from flwr.client import NumPyClient
 
+from fedrec_flwr.coclustering import co_cluster
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import Domain
 from fedrec_flwr.metrics import hit_ratio_at_k, ndcg_at_k, rank_of_positive, sample_negatives
@@ -87,7 +88,8 @@ class DomainTrainer:
         return mu[:n].cpu().numpy(), sigma[:n].cpu().numpy()
 
     def train(self, server_round: int, global_ids: np.ndarray, global_mu: np.ndarray, global_sigma: np.ndarray) -> float:
-        """`local_epochs` epochs of hinge(margin + W2(u,pos) - W2(u,neg)) + lambda_P W2(u, global u)."""
+        """`local_epochs` epochs of hinge(margin + W2(u,pos) - W2(u,neg)) + lambda_P W2(u, global u)
+        (+ lambda_C W2(u, its cluster) for FPPDM++)."""
         d, f = self.data, self.f
         rng = np.random.default_rng([self.cfg.seed, self.domain_index, server_round])
         opt = torch.optim.Adam(self.model.parameters(), lr=f.lr)
@@ -101,6 +103,13 @@ class DomainTrainer:
             g_mu[torch.from_numpy(local[ok])] = torch.from_numpy(global_mu[ok]).to(self.device)
             g_sigma[torch.from_numpy(local[ok])] = torch.from_numpy(global_sigma[ok]).to(self.device)
         has_global_t = torch.from_numpy(has_global).to(self.device)
+        cluster_of = cluster_mu = cluster_sigma = None
+        if f.lambda_c > 0:  # FPPDM++: clusters from this round's starting distributions, fixed for the round
+            mu0, sigma0 = self.user_distributions()
+            cl = co_cluster(mu0, sigma0, f.clusters, f.knn, f.epsilon, f.eta, seed=self.cfg.seed + server_round)
+            cluster_of = torch.from_numpy(cl.hard()).to(self.device)
+            cluster_mu = torch.from_numpy(cl.mu).to(self.device)
+            cluster_sigma = torch.from_numpy(cl.sigma).to(self.device)
         losses = []
         for _ in range(f.local_epochs):
             order = rng.permutation(d.users.size)
@@ -118,6 +127,9 @@ class DomainTrainer:
                 if has_global.any():
                     w = has_global_t[u].float()
                     loss = loss + f.lambda_p * (w * w2_squared(mu[u], sigma[u], g_mu[u], g_sigma[u])).sum() / w.sum().clamp(min=1)
+                if cluster_of is not None:
+                    c = cluster_of[u]
+                    loss = loss + f.lambda_c * w2_squared(mu[u], sigma[u], cluster_mu[c], cluster_sigma[c]).mean()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()

@@ -130,6 +130,11 @@ class FPPDMConfig:
     local_epochs: int = 5
     negatives: int = 99  # sampled negatives per test user (leave-one-out ranking)
     topk: list[int] = field(default_factory=lambda: [5, 10])
+    lambda_c: float = 0.0  # FPPDM++: weight of W2(user, its cluster); 0 disables co-clustering
+    clusters: int = 15  # M: eigenvectors kept and clusters formed
+    knn: int = 10  # neighbours per user in the sparse similarity S
+    epsilon: float = 0.05  # entropy regulariser of S
+    eta: float = 0.1  # entropy regulariser of the k-means assignment
     gaussian: bool = True  # false: point embeddings (sigma = 0, W2 becomes Euclidean): the LightGCN baseline
     aggregate: bool = True  # false: every domain trains alone (the single-domain baseline)
 

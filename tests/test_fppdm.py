@@ -133,3 +133,22 @@ def test_only_user_distributions_leave_a_domain_and_k3_rounds_run(tmp_path):
     if only_one.size:  # a user present in one domain keeps its own distribution
         v = only_one[0]
         assert np.allclose(strategy.global_mu[np.searchsorted(strategy.global_ids, v)], uploads[0][1][np.searchsorted(uploads[0][0], v)])
+
+
+def test_fppdm_pp_round_pulls_users_towards_their_clusters(tmp_path):
+    from fedrec_flwr.coclustering import co_cluster
+
+    cfg = _cfg(tmp_path, "fppdm.lambda_c=5.0", "fppdm.clusters=4", "fppdm.local_epochs=2")
+    domain = make_synthetic_multidomain(seed=0).domains[0]
+    trainer = DomainTrainer(cfg, DomainData(domain), 0)
+    mu0, s0 = trainer.user_distributions()
+    cl = co_cluster(mu0, s0, 4, cfg.fppdm.knn, cfg.fppdm.epsilon, cfg.fppdm.eta, seed=cfg.seed + 1)
+
+    def spread(mu, s):
+        c = cl.hard()
+        return np.mean(np.sum((mu - cl.mu[c]) ** 2, 1) + np.sum((s - cl.sigma[c]) ** 2, 1))
+
+    empty = np.zeros((0, 16), np.float32)
+    loss = trainer.train(1, np.zeros(0, np.int64), empty, empty)
+    assert np.isfinite(loss)
+    assert spread(*trainer.user_distributions()) < spread(mu0, s0)  # compactness went up
