@@ -7,11 +7,15 @@ lambda_P * W2^2(local user, global user) towards the barycenters the server sent
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 from flwr.client import NumPyClient
 
 from fedrec_flwr.coclustering import co_cluster
+from fedrec_flwr.privacy.paillier_pack import DomainKeys, FixedPointPacker
+from fedrec_flwr.secure_barycenter import decrypt_barycenters, encrypt_users, public_n_array
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import Domain
 from fedrec_flwr.metrics import hit_ratio_at_k, ndcg_at_k, rank_of_positive, sample_negatives
@@ -166,17 +170,34 @@ class FPPDMDomainClient(NumPyClient):
     def __init__(self, cfg: AppConfig, domain: Domain, domain_index: int, store, device: torch.device | None = None):
         self.trainer = DomainTrainer(cfg, DomainData(domain), domain_index, device)
         self.store = store
+        self.keys = self.packer = None
+        if cfg.fppdm.secure:
+            if not cfg.fppdm.key_file:
+                raise ValueError("fppdm.secure needs fppdm.key_file: create one with "
+                                 "`python -m fedrec_flwr.privacy.paillier_pack --out FILE` and give it to every domain")
+            self.keys = DomainKeys.load(Path(cfg.fppdm.key_file))
+            self.packer = FixedPointPacker(key_bits=cfg.fppdm.key_bits)
         saved = store.load()
         if saved is not None:
             self.trainer.load_state(saved)
 
     def fit(self, parameters, config):
         """Train towards the global user distributions; upload this domain's users' (ids, mu, sigma)."""
-        ids, g_mu, g_sigma = (parameters if parameters else [np.zeros(0, np.int64), np.zeros((0, 0)), np.zeros((0, 0))])
-        loss = self.trainer.train(int(config["round"]), np.asarray(ids, np.int64), np.asarray(g_mu, np.float32), np.asarray(g_sigma, np.float32))
+        dim = self.trainer.f.dim
+        ids, g_mu, g_sigma = np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros((0, dim), np.float32)
+        if parameters and self.keys is not None:  # encrypted sums: decrypt here, divide by the domain counts
+            ids = np.asarray(parameters[0], np.int64)
+            g_mu, g_sigma = decrypt_barycenters(self.keys, self.packer, parameters[1], np.asarray(parameters[2]), dim)
+        elif parameters:
+            ids, g_mu, g_sigma = (np.asarray(parameters[0], np.int64), np.asarray(parameters[1], np.float32),
+                                  np.asarray(parameters[2], np.float32))
+        loss = self.trainer.train(int(config["round"]), ids, g_mu, g_sigma)
         self.store.save(self.trainer.state())
         mu, sigma = self.trainer.user_distributions()
-        return [self.trainer.data.global_ids.astype(np.int64), mu, sigma], 1, {"train_loss": loss}
+        own = self.trainer.data.global_ids.astype(np.int64)
+        if self.keys is not None:
+            return [own, encrypt_users(self.keys, self.packer, mu, sigma), public_n_array(self.keys)], 1, {"train_loss": loss}
+        return [own, mu, sigma], 1, {"train_loss": loss}
 
     def evaluate(self, parameters, config):
         """Ranking metrics on this domain's leave-one-out test items."""

@@ -135,6 +135,9 @@ class FPPDMConfig:
     knn: int = 10  # neighbours per user in the sparse similarity S
     epsilon: float = 0.05  # entropy regulariser of S
     eta: float = 0.1  # entropy regulariser of the k-means assignment
+    secure: bool = False  # Paillier secure aggregation of the users' (mu, sigma)
+    key_file: str = ""  # the domains' shared Paillier key pair (JSON); never read by the server
+    key_bits: int = 2048
     gaussian: bool = True  # false: point embeddings (sigma = 0, W2 becomes Euclidean): the LightGCN baseline
     aggregate: bool = True  # false: every domain trains alone (the single-domain baseline)
 

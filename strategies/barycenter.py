@@ -18,7 +18,9 @@ from flwr.server.strategy import FedAvg
 
 from fedrec_flwr.barycenter import user_barycenters
 from fedrec_flwr.config import AppConfig
+from fedrec_flwr.privacy.paillier_pack import FixedPointPacker, ciphertexts_to_array
 from fedrec_flwr.protocol import UploadRejected, array_bytes
+from fedrec_flwr.secure_barycenter import per_user_ciphertexts, sum_encrypted
 from fedrec_flwr.results import RunRecorder
 
 log = logging.getLogger("fedrec_flwr.fppdm")
@@ -45,6 +47,22 @@ def validate_distributions(arrays: list[np.ndarray], num_users: int, dim: int) -
     return ids.astype(np.int64), mu.astype(np.float32), sigma.astype(np.float32)
 
 
+def validate_encrypted(arrays: list[np.ndarray], num_users: int, per_user: int, key_bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, ciphertext bytes, public n bytes) of an encrypted domain upload, or UploadRejected."""
+    if len(arrays) != 3:
+        raise UploadRejected(f"expected 3 arrays (user ids, ciphertexts, public key), got {len(arrays)}")
+    ids, cts, n = (np.asarray(a) for a in arrays)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or np.unique(ids).size != ids.size:
+        raise UploadRejected("user ids must be a 1-D array of distinct integers")
+    if ids.size and (ids.min() < 0 or ids.max() >= num_users):
+        raise UploadRejected(f"user id out of range [0, {num_users})")
+    if cts.dtype != np.uint8 or cts.shape != (ids.size * per_user, 2 * key_bits // 8):
+        raise UploadRejected(f"ciphertexts have shape {cts.shape}, expected {(ids.size * per_user, 2 * key_bits // 8)} uint8")
+    if n.dtype != np.uint8 or n.ndim != 1 or not 0 < n.size <= key_bits // 8 + 1:
+        raise UploadRejected("public key must be the modulus as a 1-D uint8 array")
+    return ids.astype(np.int64), cts, n
+
+
 class WassersteinBarycenterStrategy(FedAvg):
     """Aggregates per-user diagonal Gaussians by their W2 barycenter (FPPDM)."""
 
@@ -57,6 +75,8 @@ class WassersteinBarycenterStrategy(FedAvg):
         self.global_mu = np.zeros((0, self.dim), np.float32)
         self.global_sigma = np.zeros((0, self.dim), np.float32)
         self.domain_users: dict[int, np.ndarray] = {}
+        self.encrypted_replies: dict[int, list[np.ndarray]] = {}
+        self.per_user_cts = per_user_ciphertexts(FixedPointPacker(key_bits=cfg.fppdm.key_bits), self.dim)
         self.rejections: list[tuple[int, str]] = []
         self.final: dict[str, float] = {}
         self._t0 = time.time()
@@ -66,6 +86,8 @@ class WassersteinBarycenterStrategy(FedAvg):
         return ndarrays_to_parameters([])
 
     def _for_domain(self, node_id: int) -> list[np.ndarray]:
+        if self.cfg.fppdm.secure:
+            return self.encrypted_replies.get(node_id, []) if self.cfg.fppdm.aggregate else []
         users = self.domain_users.get(node_id)
         if users is None or self.global_ids.size == 0 or not self.cfg.fppdm.aggregate:
             return []
@@ -87,13 +109,19 @@ class WassersteinBarycenterStrategy(FedAvg):
             arrays = parameters_to_ndarrays(res.parameters)
             up += array_bytes(arrays)
             try:
-                ids, mu, sigma = validate_distributions(arrays, self.num_users, self.dim)
+                if self.cfg.fppdm.secure:
+                    ids, cts, public_n = validate_encrypted(arrays, self.num_users, self.per_user_cts, self.cfg.fppdm.key_bits)
+                    uploads.append((ids, cts, public_n))
+                else:
+                    ids, mu, sigma = validate_distributions(arrays, self.num_users, self.dim)
+                    uploads.append((ids, mu, sigma))
             except UploadRejected as exc:
                 self._reject(server_round, f"node {proxy.node_id}: {exc}")
                 continue
             self.domain_users[proxy.node_id] = ids
-            uploads.append((ids, mu, sigma))
-        if uploads:
+        if uploads and self.cfg.fppdm.secure:
+            self._aggregate_encrypted(server_round, uploads)
+        elif uploads:
             self.global_ids, self.global_mu, self.global_sigma = user_barycenters(uploads, self.num_users, self.dim)
         counts = np.bincount(np.concatenate([u[0] for u in uploads]), minlength=self.num_users) if uploads else np.zeros(1)
         self._record({"round": server_round, "phase": "train", "clients": len(results), "accepted": len(uploads),
@@ -102,6 +130,18 @@ class WassersteinBarycenterStrategy(FedAvg):
                       "bytes_down": float(np.mean([array_bytes(self._for_domain(p.node_id)) for p, _ in results])) if results else 0.0,
                       "round_seconds": time.time() - self._t0})
         return ndarrays_to_parameters([]), {}
+
+    def _aggregate_encrypted(self, server_round: int, uploads) -> None:
+        """Multiply ciphertexts per user across domains; each domain gets back its users' sums and counts."""
+        moduli = {int.from_bytes(n.tobytes(), "big") for _, _, n in uploads}
+        if len(moduli) != 1:
+            self._reject(server_round, f"domains sent {len(moduli)} different public keys; round not aggregated")
+            return
+        sums, counts = sum_encrypted([(ids, cts) for ids, cts, _ in uploads], moduli.pop(), self.per_user_cts)
+        for node_id, ids in self.domain_users.items():
+            cts = [c for u in ids.tolist() for c in sums[u]]
+            self.encrypted_replies[node_id] = [ids, ciphertexts_to_array(cts, self.cfg.fppdm.key_bits),
+                                               np.array([counts[u] for u in ids.tolist()], np.int64)]
 
     def configure_evaluate(self, server_round, parameters, client_manager):
         """Every `eval_every` rounds and at the end, all domains evaluate."""

@@ -152,3 +152,52 @@ def test_fppdm_pp_round_pulls_users_towards_their_clusters(tmp_path):
     loss = trainer.train(1, np.zeros(0, np.int64), empty, empty)
     assert np.isfinite(loss)
     assert spread(*trainer.user_distributions()) < spread(mu0, s0)  # compactness went up
+
+
+def test_paillier_round_equals_plaintext_barycenter_and_server_sees_no_values(tmp_path):
+    from fedrec_flwr.privacy.paillier_pack import DomainKeys
+    from strategies.barycenter import WassersteinBarycenterStrategy
+
+    key_file = tmp_path / "keys.json"
+    DomainKeys.generate(1024).save(key_file)
+    ds = make_synthetic_multidomain(seed=0, num_domains=3)
+    results = {}
+    for secure in (False, True):
+        cfg = _cfg(tmp_path, "fppdm.local_epochs=1", "fppdm.dim=8", f"fppdm.secure={secure}",
+                   f"fppdm.key_file={key_file}", "fppdm.key_bits=1024")
+        stores = [_Store() for _ in ds.domains]
+        strategy = WassersteinBarycenterStrategy(cfg, ds.num_users, 3)
+        for rnd in (1, 2):
+            fits = []
+            for k, dom in enumerate(ds.domains):
+                arrays, _, _ = FPPDMDomainClient(cfg, dom, k, stores[k]).fit(strategy._for_domain(k), {"round": rnd})
+                fits.append((k, arrays))
+            if secure:  # nothing the server receives is a float: ids, ciphertext bytes, the public modulus
+                assert all(a.dtype.kind in "iu" for _, arrays in fits for a in arrays)
+            strategy.aggregate_fit(rnd, [(_Proxy(k), _FitRes(arrays)) for k, arrays in fits], [])
+        # what domain 0 trains towards in round 3
+        reply = strategy._for_domain(0)
+        client = FPPDMDomainClient(cfg, ds.domains[0], 0, stores[0])
+        if secure:
+            from fedrec_flwr.secure_barycenter import decrypt_barycenters
+            mu, sigma = decrypt_barycenters(client.keys, client.packer, reply[1], reply[2], 8)
+        else:
+            mu, sigma = reply[1], reply[2]
+        results[secure] = (reply[0], mu, sigma)
+    assert np.array_equal(results[False][0], results[True][0])
+    assert np.allclose(results[False][1], results[True][1], atol=1e-4)
+    assert np.allclose(results[False][2], results[True][2], atol=1e-4)
+
+
+class _Proxy:
+    def __init__(self, node_id):
+        self.node_id = node_id
+
+
+class _FitRes:
+    def __init__(self, arrays):
+        from flwr.common import ndarrays_to_parameters
+
+        self.parameters = ndarrays_to_parameters(arrays)
+        self.num_examples = 1
+        self.metrics = {}
