@@ -11,9 +11,13 @@ import pytest
 
 from benchmarks.run import main as run_main
 
+needs_superlink = pytest.mark.skipif(
+    shutil.which("flower-superlink", path=str(Path(sys.executable).parent)) is None,
+    reason="flower-superlink not installed next to this Python",
+)
 
-@pytest.mark.skipif(shutil.which("flower-superlink", path=str(Path(sys.executable).parent)) is None,
-                    reason="flower-superlink not installed next to this Python")
+
+@needs_superlink
 def test_flwr_run_writes_results(tmp_path, capsys):
     out = tmp_path / "out"
     run_main([
@@ -36,8 +40,7 @@ def test_flwr_run_writes_results(tmp_path, capsys):
     assert doc["config"]["privacy"]["ldp"] is True and doc["wall_seconds"] > 0
 
 
-@pytest.mark.skipif(shutil.which("flower-superlink", path=str(Path(sys.executable).parent)) is None,
-                    reason="flower-superlink not installed next to this Python")
+@needs_superlink
 def test_flwr_run_with_graph_expansion(tmp_path, capsys):
     """The neighbour service starts as its own process; every user expands, then trains with neighbours."""
     out = tmp_path / "out"
@@ -55,8 +58,7 @@ def test_flwr_run_with_graph_expansion(tmp_path, capsys):
     assert doc["status"] == "finished" and 0 < doc["final"]["rmse"] < 4
 
 
-@pytest.mark.skipif(shutil.which("flower-superlink", path=str(Path(sys.executable).parent)) is None,
-                    reason="flower-superlink not installed next to this Python")
+@needs_superlink
 def test_flwr_run_fppdm_one_supernode_per_domain(tmp_path, capsys):
     out = tmp_path / "out"
     run_main(["--preset", "fppdm", "--dataset", "synthetic-md3", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
