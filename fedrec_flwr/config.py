@@ -213,11 +213,6 @@ def available_presets() -> list[str]:
     return sorted(p.stem for p in CONF_DIR.glob("*.yaml"))
 
 
-def available_dataset_confs() -> list[str]:
-    """Names of the dataset files under conf/datasets/."""
-    return sorted(p.stem for p in (CONF_DIR / "datasets").glob("*.yaml"))
-
-
 def parse_overrides(text: str) -> list[str]:
     """Split a 'a.b=1 c=x' string (the run-config key `set`) into dotlist items."""
     items = shlex.split(text.replace(",", " "))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import shutil
 import urllib.error
 import urllib.request
 import zipfile
@@ -70,11 +69,3 @@ def download_file(spec: RemoteFile, cache_dir: Path, timeout: float = 60.0) -> P
     atomic_write(target, payload)
     return target
 
-
-def clear_partial(cache_dir: Path) -> None:
-    """Remove leftovers of interrupted downloads (files named .part-*)."""
-    for leftover in cache_dir.rglob(".part-*"):
-        if leftover.is_dir():
-            shutil.rmtree(leftover, ignore_errors=True)
-        else:
-            leftover.unlink(missing_ok=True)

@@ -113,7 +113,3 @@ class UserPartitions:
             np.array(a["test_items"][ts:te], dtype=np.int64),
             np.array(a["test_values"][ts:te]),
         )
-
-    def train_counts(self) -> np.ndarray:
-        """Number of training ratings per user (from the offsets only)."""
-        return np.diff(np.asarray(self._arrays["train_offsets"]))
