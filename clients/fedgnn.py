@@ -64,11 +64,6 @@ def set_weights(model: RatingGNN, arrays: list[np.ndarray]) -> None:
             p.copy_(torch.from_numpy(np.asarray(a)).reshape(p.shape))
 
 
-def model_arrays(model: RatingGNN) -> list[np.ndarray]:
-    """The model's parameters as numpy arrays, in registration order."""
-    return [p.detach().cpu().numpy().copy() for p in model.parameters()]
-
-
 def local_gradients(
     cfg: AppConfig,
     model: RatingGNN,
