@@ -59,6 +59,13 @@ class RunRecorder:
         return path
 
 
+def report_round(recorder: "RunRecorder | None", tag: str, record: dict[str, Any]) -> None:
+    """Print one round's record as `[tag] key=value ...` and add it to the run's results (if recording)."""
+    if recorder is not None:
+        recorder.add_round(record)
+    print(f"[{tag}] " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()), flush=True)
+
+
 def load_results(path: str | Path) -> dict[str, Any]:
     """Read a results.json (a file or a folder holding one)."""
     p = Path(path)

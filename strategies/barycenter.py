@@ -21,7 +21,7 @@ from fedrec_flwr.config import AppConfig
 from fedrec_flwr.privacy.paillier_pack import FixedPointPacker, ciphertexts_to_array
 from fedrec_flwr.protocol import UploadRejected, array_bytes
 from fedrec_flwr.secure_barycenter import per_user_ciphertexts, sum_encrypted
-from fedrec_flwr.results import RunRecorder
+from fedrec_flwr.results import RunRecorder, report_round
 
 log = logging.getLogger("fedrec_flwr.fppdm")
 
@@ -173,6 +173,4 @@ class WassersteinBarycenterStrategy(FedAvg):
         self.rejections.append((server_round, reason))
 
     def _record(self, record: dict) -> None:
-        if self.recorder is not None:
-            self.recorder.add_round(record)
-        print("[fppdm] " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()), flush=True)
+        report_round(self.recorder, "fppdm", record)

@@ -34,7 +34,7 @@ from fedrec_flwr.models import build_model
 from fedrec_flwr.protocol import (
     PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, UploadRejected, array_bytes,
 )
-from fedrec_flwr.results import RunRecorder
+from fedrec_flwr.results import RunRecorder, report_round
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
 
@@ -172,9 +172,8 @@ class FedGNNStrategy(FedAvg):
         self.model_shapes = [tuple(p.shape) for p in params]
         self.recorder = recorder
         self.round_started = time.time()
-        self.traffic: dict[int, dict[str, float]] = {}
+        self.bytes_down = 0.0  # mean per client, current round
         self.rejections: list[tuple[int, str]] = []
-        self.history: list[dict] = []
         self.final: dict[str, float] = {}
         self.schedule = round_schedule(cfg, num_users)
         self.expansion = expansion
@@ -204,8 +203,9 @@ class FedGNNStrategy(FedAvg):
     def _rows_for(self, node_id: int) -> np.ndarray:
         return self.state.items.detach()[torch.from_numpy(self.state.registry[node_id])].numpy()
 
-    def _payload(self, node_id: int) -> list[np.ndarray]:
-        return [*self.model_weights(), self._rows_for(node_id)]
+    def _payload(self, node_id: int, weights: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """Model weights (pass them in to copy them once per round) and the node's anonymity-set rows."""
+        return [*(weights if weights is not None else self.model_weights()), self._rows_for(node_id)]
 
     def _min_rows(self) -> int:
         """Rows every upload must carry: M, or the whole catalogue when it has fewer than M items."""
@@ -222,12 +222,12 @@ class FedGNNStrategy(FedAvg):
         phase = self.phase(server_round)
         if phase == PHASE_REGISTER:
             ins = FitIns(ndarrays_to_parameters([]), {"phase": phase, "round": server_round})
-            self.traffic[server_round] = {"bytes_down": 0.0}
+            self.bytes_down = 0.0
             return [(c, ins) for c in client_manager.all().values()]
         registered = [c for c in client_manager.all().values() if c.node_id in self.state.registry]
         if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
             ins = FitIns(ndarrays_to_parameters([]), {"phase": phase, "round": server_round, **self._expansion_config()})
-            self.traffic[server_round] = {"bytes_down": 0.0}
+            self.bytes_down = 0.0
             return [(c, ins) for c in registered]
         k = min(self.cfg.federation.clients_per_round, len(registered))
         rng = np.random.default_rng([self.cfg.seed, server_round])
@@ -235,12 +235,12 @@ class FedGNNStrategy(FedAvg):
         config: dict = {"phase": PHASE_TRAIN, "round": server_round}
         if self.cfg.expansion.mode == "trainable" and PHASE_EXPAND_FETCH in self.schedule[: server_round - 1]:
             config.update(self._expansion_config(), nb_refresh=True)
-        out, down = [], 0
+        out, down, weights = [], 0, self.model_weights()
         for c in chosen:
-            payload = self._payload(c.node_id)
+            payload = self._payload(c.node_id, weights)
             down += array_bytes(payload)
             out.append((c, FitIns(ndarrays_to_parameters(payload), config)))
-        self.traffic[server_round] = {"bytes_down": down / max(len(out), 1)}
+        self.bytes_down = down / max(len(out), 1)
         return out
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures):
@@ -273,7 +273,7 @@ class FedGNNStrategy(FedAvg):
             "clients": len(results),
             "accepted": len(accepted) if phase == PHASE_TRAIN else len(self.state.registry),
             "rejected": len(failures) + len(results) - (len(accepted) if phase == PHASE_TRAIN else len(self.state.registry)),
-            "bytes_down": self.traffic.get(server_round, {}).get("bytes_down", 0.0),
+            "bytes_down": self.bytes_down,
             "bytes_up": up / max(len(results), 1),
         }
         if phase == PHASE_TRAIN:
@@ -335,8 +335,9 @@ class FedGNNStrategy(FedAvg):
         """On evaluation rounds every registered user evaluates on its own test ratings."""
         if not self._is_eval_round(server_round):
             return []
+        weights = self.model_weights()
         return [
-            (c, EvaluateIns(ndarrays_to_parameters(self._payload(c.node_id)), {"round": server_round}))
+            (c, EvaluateIns(ndarrays_to_parameters(self._payload(c.node_id, weights)), {"round": server_round}))
             for c in client_manager.all().values()
             if c.node_id in self.state.registry
         ]
@@ -361,7 +362,7 @@ class FedGNNStrategy(FedAvg):
             return
         extra = {"rejections": [{"round": r, "reason": why} for r, why in self.rejections]}
         path = self.recorder.finish(dict(self.final), extra)
-        train = [h for h in self.history if h.get("phase") == PHASE_TRAIN]
+        train = [h for h in self.recorder.doc["rounds"] if h.get("phase") == PHASE_TRAIN]
         summary = {
             **self.final,
             "rounds": len(train),
@@ -377,11 +378,4 @@ class FedGNNStrategy(FedAvg):
         return None
 
     def _record(self, record: dict) -> None:
-        if self.history and self.history[-1]["round"] == record["round"]:
-            self.history[-1].update(record)
-        else:
-            self.history.append(dict(record))
-        if self.recorder is not None:
-            self.recorder.add_round(record)
-        parts = [f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()]
-        print("[fedgnn] " + " ".join(parts), flush=True)
+        report_round(self.recorder, "fedgnn", record)
