@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from fedrec_flwr.config import load_config, parse_overrides
-from fedrec_flwr.data import UserPartitions, load_from_config, prepare_partitions
+from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.results import load_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> 
     """Run the app through `flwr run` with one virtual SuperNode per user; returns results.json."""
     cfg = load_config(args.preset, args.dataset, [f"data.data_dir={args.data_dir}", f"data.cache_dir={args.cache_dir}", *overrides])
     if cfg.algorithm == "fppdm":  # one SuperNode per domain
-        num_nodes = len(load_from_config(cfg.data).domains)
+        num_nodes = len(load_multidomain(cfg.data).domains)
     else:  # one SuperNode per user; partitions built once here, read by every client
         num_nodes = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
     run_config = " ".join([

@@ -14,7 +14,7 @@ from clients.trivial import TrivialClient
 from clients.fppdm import FPPDMDomainClient
 from clients.user_store import DomainStateStore, NodeStateStore
 from fedrec_flwr.config import AppConfig, from_run_config
-from fedrec_flwr.data import MultiDomainDataset, UserPartitions, load_from_config, prepare_partitions
+from fedrec_flwr.data import MultiDomainDataset, UserPartitions, load_multidomain, prepare_partitions
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +31,7 @@ def _partitions(cfg_key: tuple) -> UserPartitions:
 
 @functools.lru_cache(maxsize=2)
 def _multidomain(cfg_key: tuple) -> MultiDomainDataset:
-    ds = load_from_config(_config(cfg_key).data)
-    if not isinstance(ds, MultiDomainDataset):
-        raise ValueError(f"dataset '{ds.name}' is not multi-domain; FPPDM needs domains sharing user ids")
-    return ds
+    return load_multidomain(_config(cfg_key).data)
 
 
 def user_of(node_config) -> int:

@@ -9,7 +9,7 @@ from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fedrec_flwr.config import from_run_config, to_dict
-from fedrec_flwr.data import MultiDomainDataset, UserPartitions, load_from_config, prepare_partitions
+from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key
 from fedrec_flwr.neighbours.process import start_local_service
 from fedrec_flwr.results import RunRecorder
@@ -52,9 +52,7 @@ def _expansion_link(cfg, num_items: int) -> ExpansionLink:
 
 def _fppdm_components(cfg) -> ServerAppComponents:
     """FPPDM: one SuperNode per domain, Wasserstein barycenter of the shared users."""
-    ds = load_from_config(cfg.data)
-    if not isinstance(ds, MultiDomainDataset):
-        raise ValueError(f"dataset '{cfg.data.name}' is not multi-domain; FPPDM needs domains sharing user ids")
+    ds = load_multidomain(cfg.data)
     print(f"[fppdm] dataset {ds.name}: {len(ds.domains)} domains ({', '.join(d.name for d in ds.domains)}), "
           f"{ds.num_users} user ids; output {cfg.output_dir}", flush=True)
     recorder = RunRecorder(cfg.output_dir, cfg.algorithm, ds.name, to_dict(cfg))

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "AnyDataset", "DataError", "Domain", "MultiDomainDataset", "RatingDataset", "Ratings", "RatingScale",
-    "UserData", "UserPartitions", "dataset_names", "load_from_config", "prepare_partitions",
+    "UserData", "UserPartitions", "dataset_names", "load_from_config", "load_multidomain", "prepare_partitions",
 ]
 
 
@@ -25,6 +25,14 @@ def load_from_config(data_cfg) -> AnyDataset:
         data_cfg.name, data_cfg.data_dir, data_cfg.cache_dir, data_cfg.download, data_cfg.seed,
         asdict(data_cfg.synthetic),
     )
+
+
+def load_multidomain(data_cfg) -> MultiDomainDataset:
+    """Load a multi-domain dataset; DataError if the name is a single-domain one."""
+    ds = load_from_config(data_cfg)
+    if not isinstance(ds, MultiDomainDataset):
+        raise DataError(f"dataset '{ds.name}' is not multi-domain; FPPDM needs domains sharing user ids")
+    return ds
 
 
 def _build_key(data_cfg) -> dict:
