@@ -1,9 +1,8 @@
-"""Drive FedGNN clients and the strategy's server logic in one process, without Flower's runtime.
+"""Drive FedGNN users and the server core in one process, without Flower or Ray.
 
-Used for fast hyper-parameter sweeps and device (GPU) checks: the same client and strategy
-code as a `flwr run`, minus message transport. Results are the same algorithm, not the same
-numbers as a Flower run (client sampling uses the same seeds, but there is no registration
-round and no node indirection).
+Used for fast hyper-parameter sweeps and device (GPU) checks: the same user and server code
+as a `flwr run` (`clients.fedgnn_user`, `strategies.fedgnn_server`), minus message transport.
+Imports neither flwr nor ray. User sampling uses the same seeded rule as the strategy.
 """
 
 from __future__ import annotations
@@ -14,48 +13,42 @@ import time
 import numpy as np
 import torch
 
-from clients.fedgnn import FedGNNClient, init_user_state
-from clients.user_store import MemoryStore
+from clients.fedgnn_user import FedGNNUser, MemoryStore
 from fedrec_flwr.config import load_config, parse_overrides
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.protocol import PHASE_TRAIN
-from strategies.fedgnn_merge import FedGNNStrategy, validate_upload
+from fedrec_flwr.models import build_model
+from strategies.fedgnn_server import FedGNNServer, sample_users
 
 
-def run_direct(cfg, device: torch.device | None = None, log_every: int = 5) -> dict:
+def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None) -> dict:
     """Run cfg.federation.rounds FedGNN rounds in-process; returns final metrics and timings."""
     if cfg.expansion.mode != "none":
         raise ValueError("benchmarks.direct drives training rounds only; run graph expansion through flwr run")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
-    strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, recorder=None)
+    server = FedGNNServer(cfg, meta.num_items, meta.scale.midpoint, server_device)
     store = MemoryStore()
+    model = build_model(cfg.model, meta.scale.midpoint)  # one device-side model, shared by users in turn
     users = [u for u in range(meta.num_users) if parts.user(u).train_items.size]
     for u in users:
-        st = init_user_state(cfg, meta, parts.user(u))
-        store.save(u, st)
-        strategy.state.registry[u] = st.anonymity_ids
+        server.register(u, FedGNNUser(cfg, meta, parts.user(u), store, device, model).register())
     history, t_start = [], time.time()
     for rnd in range(2, cfg.federation.rounds + 2):
         t0 = time.time()
-        rng = np.random.default_rng([cfg.seed, rnd])
-        chosen = rng.choice(len(users), size=min(cfg.federation.clients_per_round, len(users)), replace=False)
-        accepted = []
-        for idx in chosen:
-            u = users[idx]
-            client = FedGNNClient(cfg, meta, parts.user(u), store, device)
-            arrays, _, _ = client.fit(strategy._payload(u), {"phase": PHASE_TRAIN, "round": rnd})
-            accepted.append(validate_upload(arrays, strategy.model_shapes, cfg.model.dim, meta.num_items,
-                                            strategy._min_rows(), strategy.state.registry[u]))
-        strategy._apply(accepted)
-        rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": len(accepted)}
+        chosen = sample_users(cfg.seed, rnd, users, cfg.federation.clients_per_round)
+        weights = server.model_weights()
+        updates = []
+        for u in chosen:
+            upload = FedGNNUser(cfg, meta, parts.user(u), store, device, model).train(weights, server.rows_for(u), rnd, {})
+            updates.append(server.validate(u, upload))
+        server.apply(updates)
+        rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": len(updates)}
         if (rnd - 1) % cfg.federation.eval_every == 0 or rnd - 1 == cfg.federation.rounds:
             sse = n = 0.0
+            weights = server.model_weights()
             for u in users:
-                client = FedGNNClient(cfg, meta, parts.user(u), store, device)
-                _, _, m = client.evaluate(strategy._payload(u), {})
-                sse += m["sse"]
-                n += m["n"]
+                s, _, k = FedGNNUser(cfg, meta, parts.user(u), store, device, model).evaluate(weights, server.rows_for(u))
+                sse, n = sse + s, n + k
             rec["rmse"] = float(np.sqrt(sse / n))
             if log_every:
                 print(f"[direct] round {rec['round']} rmse {rec['rmse']:.4f} ({rec['round_seconds']:.2f}s/round)", flush=True)

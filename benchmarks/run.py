@@ -28,13 +28,22 @@ def _flwr_binary() -> str:
     return str(local) if local.exists() else (shutil.which("flwr") or "flwr")
 
 
+def federation_config(num_nodes: int, cfg) -> str:
+    """flwr run's --federation-config: SuperNode count and each ClientApp's Ray resources (config keys
+    simulation.num_cpus / simulation.num_gpus; a fractional GPU lets several clients share one)."""
+    sim = cfg.simulation
+    return (f"num-supernodes={num_nodes} client-resources-num-cpus={sim.num_cpus:g} "
+            f"client-resources-num-gpus={sim.num_gpus:g}")
+
+
 def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> dict:
     """Run the app through `flwr run` with one virtual SuperNode per user; returns results.json."""
     cfg = load_config(args.preset, args.dataset, [f"data.data_dir={args.data_dir}", f"data.cache_dir={args.cache_dir}", *overrides])
     if cfg.algorithm == "fppdm":  # one SuperNode per domain
         num_nodes = len(load_multidomain(cfg.data).domains)
-    else:  # one SuperNode per user; partitions built once here, read by every client
-        num_nodes = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
+    else:  # one SuperNode per `users_per_node` users; partitions built once here, read by every client
+        num_users = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
+        num_nodes = -(-num_users // cfg.simulation.users_per_node)
     run_config = " ".join([
         f"preset='{args.preset}'", f"dataset='{args.dataset or ''}'", f"seed={args.seed}",
         f"data-dir='{Path(args.data_dir).resolve()}'", f"cache-dir='{Path(args.cache_dir).resolve()}'",
@@ -43,7 +52,7 @@ def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> 
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
     cmd = [_flwr_binary(), "run", str(ROOT), "local", "--stream",
-           "--federation-config", f"num-supernodes={num_nodes}", "--run-config", run_config]
+           "--federation-config", federation_config(num_nodes, cfg), "--run-config", run_config]
     print("+", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, env=env, cwd=ROOT)
     results = out / "results.json"

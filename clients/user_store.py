@@ -1,51 +1,108 @@
-"""Per-user state kept in a Flower node's own state (Context.state), never sent anywhere."""
+"""Per-user state kept on the device: in the Flower node's own state (Context.state), and on the
+device's disk when runs must survive a restart. Never sent to the recommendation server."""
 
 from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from clients.fedgnn import UserState
+from clients.fedgnn_user import MemoryStore, UserState  # noqa: F401  (MemoryStore re-exported)
+from fedrec_flwr.fsutil import atomic_write
+
+
+def _pack(st: UserState) -> list[np.ndarray]:
+    return [st.embedding, st.anonymity_ids, st.neighbours, np.frombuffer(bytes.fromhex(st.handle), np.uint8)]
+
+
+def _unpack(arrays) -> UserState:
+    emb, ids, neighbours, handle = arrays
+    return UserState(np.asarray(emb, np.float32), np.asarray(ids, np.int64), np.asarray(neighbours, np.float32),
+                     bytes(np.asarray(handle, np.uint8)).hex())
+
+
+class UserStateFiles:
+    """Round-versioned user states on the device's disk, so a killed run can resume.
+
+    `save` writes `u<user>/r<round>.npz` and keeps only that version and the newest one at or
+    before the server's last checkpoint round; `load(user, at_most)` returns the newest
+    version at or before a checkpoint round, which is the state an uninterrupted run had there.
+    """
+
+    _NAME = re.compile(r"r(\d+)\.npz$")
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root)
+
+    def _versions(self, user: int) -> list[tuple[int, Path]]:
+        folder = self.root / f"u{user}"
+        if not folder.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := self._NAME.search(p.name))]
+        return sorted(found)
+
+    def has(self, user: int) -> bool:
+        """Whether any saved version exists."""
+        return bool(self._versions(user))
+
+    def save(self, user: int, st: UserState, server_round: int, checkpoint_round: int) -> None:
+        """Write the state as of `server_round`; prune versions no resume can need."""
+        buf = io.BytesIO()
+        np.savez(buf, *_pack(st))
+        atomic_write(self.root / f"u{user}" / f"r{server_round:07d}.npz", buf.getvalue())
+        versions = self._versions(user)
+        at_ckpt = [v for v in versions if v[0] <= checkpoint_round]
+        keep = {server_round, *([at_ckpt[-1][0]] if at_ckpt else [])}
+        for r, path in versions:
+            if r not in keep:
+                path.unlink(missing_ok=True)
+
+    def load(self, user: int, at_most: int) -> UserState | None:
+        """The newest saved state at or before round `at_most`, or None."""
+        older = [p for r, p in self._versions(user) if r <= at_most]
+        if not older:
+            return None
+        with np.load(older[-1]) as z:
+            return _unpack([z[f"arr_{i}"] for i in range(4)])
 
 
 class NodeStateStore:
-    """Saves and loads each hosted user's UserState under its own key in the node's RecordDict."""
+    """Each hosted user's UserState under its own key in the node's RecordDict (+ files, if given).
 
-    def __init__(self, state: RecordDict):
-        self.state = state
+    `begin_round(config)` takes from the server's message the last checkpoint round (`ckpt`)
+    and, in a resumed run, the round it resumes from (`resume_from`).
+    """
+
+    def __init__(self, state: RecordDict, files: UserStateFiles | None = None):
+        self.state, self.files = state, files
+        self.checkpoint_round, self.resume_from = 0, -1
 
     @staticmethod
     def _key(user: int) -> str:
         return f"fedgnn.user.{user}"
 
+    def begin_round(self, config) -> None:
+        """Note the checkpoint/resume rounds the server announced."""
+        self.checkpoint_round = int(config.get("ckpt", 0))
+        self.resume_from = int(config.get("resume_from", -1))
+
     def load(self, user: int) -> UserState | None:
-        """The stored state of `user`, or None on its first message."""
+        """The state of `user`: this run's, else (when resuming) the saved one at the checkpoint."""
         rec = self.state.get(self._key(user))
-        if rec is None:
-            return None
-        emb, ids, neighbours, handle = rec.to_numpy_ndarrays()
-        return UserState(emb.astype(np.float32), ids.astype(np.int64), neighbours.astype(np.float32), bytes(handle).hex())
+        if rec is not None:
+            return _unpack(rec.to_numpy_ndarrays())
+        if self.files is not None and self.resume_from >= 0:
+            return self.files.load(user, self.resume_from)
+        return None
 
-    def save(self, user: int, st: UserState) -> None:
-        """Persist `user`'s state for the next round."""
-        handle = np.frombuffer(bytes.fromhex(st.handle), np.uint8)
-        self.state[self._key(user)] = ArrayRecord([st.embedding, st.anonymity_ids, st.neighbours, handle])
-
-
-class MemoryStore:
-    """The same interface over a dict: for tests and for driving clients without Flower."""
-
-    def __init__(self):
-        self.states: dict[int, UserState] = {}
-
-    def load(self, user: int) -> UserState | None:
-        """The stored state of `user`, or None."""
-        st = self.states.get(user)
-        return None if st is None else st.copy()
-
-    def save(self, user: int, st: UserState) -> None:
-        """Keep a copy of `user`'s state."""
-        self.states[user] = st.copy()
+    def save(self, user: int, st: UserState, server_round: int = 0) -> None:
+        """Keep `user`'s state for its next round (and on disk, versioned by round)."""
+        self.state[self._key(user)] = ArrayRecord(_pack(st))
+        if self.files is not None and (server_round > 0 or not self.files.has(user)):
+            self.files.save(user, st, server_round, self.checkpoint_round)
 
 
 _DOMAIN_KEYS = ("mu", "sigma_raw")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from pathlib import Path
 
 import torch
 from flwr.client import ClientApp
@@ -12,7 +13,7 @@ from flwr.common import Context
 from clients.fedgnn import FedGNNClient
 from clients.trivial import TrivialClient
 from clients.fppdm import FPPDMDomainClient
-from clients.user_store import DomainStateStore, NodeStateStore
+from clients.user_store import DomainStateStore, NodeStateStore, UserStateFiles
 from fedrec_flwr.config import AppConfig, from_run_config
 from fedrec_flwr.data import MultiDomainDataset, UserPartitions, load_multidomain, prepare_partitions
 
@@ -35,29 +36,66 @@ def _multidomain(cfg_key: tuple) -> MultiDomainDataset:
 
 
 def user_of(node_config) -> int:
-    """The user a node serves: `user-id` in deployment, `partition-id` in simulation."""
+    """The user (or domain) a node serves: `user-id` in deployment, `partition-id` in simulation."""
     for key in ("user-id", "partition-id"):
         if key in node_config:
             return int(node_config[key])
     raise KeyError("node config has neither 'user-id' nor 'partition-id'")
 
 
+def users_of(node_config, users_per_node: int, num_users: int) -> list[int]:
+    """The users a node hosts: its one `user-id` in deployment; in simulation, partition p hosts
+    users p*U .. p*U + U - 1 (U = simulation.users_per_node)."""
+    if "user-id" in node_config:
+        return [int(node_config["user-id"])]
+    p = int(node_config["partition-id"])
+    users = list(range(p * users_per_node, min((p + 1) * users_per_node, num_users)))
+    if not users:
+        raise ValueError(f"partition {p} hosts no user: {num_users} users at {users_per_node} per node "
+                         f"need {-(-num_users // users_per_node)} SuperNodes")
+    return users
+
+
+def client_device(cfg: AppConfig) -> torch.device:
+    """cuda when the config gives clients a GPU share (or asks for cuda) and one is visible, else cpu."""
+    want = cfg.simulation.device
+    if want == "cuda" or (want == "auto" and cfg.simulation.num_gpus > 0):
+        if not torch.cuda.is_available():
+            if want == "cuda":
+                raise RuntimeError("simulation.device = 'cuda' but torch sees no CUDA device on this node")
+            return torch.device("cpu")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def state_files(cfg: AppConfig, node_config) -> UserStateFiles | None:
+    """Where hosted users keep their state on disk: node-config `state-dir` (a device's own disk),
+    else <checkpoint dir>/clients when checkpoints are on; None: memory only."""
+    if node_config.get("state-dir"):
+        return UserStateFiles(Path(str(node_config["state-dir"])))
+    if cfg.checkpoint.every or cfg.checkpoint.resume:
+        return UserStateFiles(Path(cfg.checkpoint.dir or Path(cfg.output_dir) / "checkpoint") / "clients")
+    return None
+
+
 def client_fn(context: Context):
-    """Build the client of the user (or domain) this node serves."""
+    """Build the client of the users (or domain) this node serves."""
     torch.set_num_threads(1)
     key = tuple(sorted(context.run_config.items()))
     cfg = _config(key)
     if cfg.algorithm == "trivial":
         return TrivialClient().to_client()
+    device = client_device(cfg)
     if cfg.algorithm == "fppdm":
         index = user_of(context.node_config)
         domains = _multidomain(key).domains
         if index >= len(domains):
             raise ValueError(f"node {index} has no domain: dataset {cfg.data.name} has {len(domains)} (one SuperNode per domain)")
-        return FPPDMDomainClient(cfg, domains[index], index, DomainStateStore(context.state)).to_client()
+        return FPPDMDomainClient(cfg, domains[index], index, DomainStateStore(context.state), device).to_client()
     parts = _partitions(key)
-    data = parts.user(user_of(context.node_config))
-    return FedGNNClient(cfg, parts.meta, data, NodeStateStore(context.state)).to_client()
+    users = users_of(context.node_config, cfg.simulation.users_per_node, parts.meta.num_users)
+    store = NodeStateStore(context.state, state_files(cfg, context.node_config))
+    return FedGNNClient(cfg, parts.meta, users, parts.user, store, device).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

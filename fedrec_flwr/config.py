@@ -85,6 +85,37 @@ class FederationConfig:
     trivial_payload_floats: int = 16  # payload of the `trivial` baseline job, per client
     item_merge: str = "clients"  # "clients": divide by |S| (paper); "count": per-item count
     loss: str = "mean"  # uploaded gradients of the "mean" or "sum" of squared errors over the mini-batch
+    round_timeout: float = 0.0  # seconds a round waits for replies (0: no limit); late clients count as failures
+    eval_fraction: float = 1.0  # share of users (seeded sample) that evaluate; 1.0: every user
+
+
+@dataclass
+class SimulationConfig:
+    """How a simulation maps users onto virtual SuperNodes and what each ClientApp may use."""
+
+    users_per_node: int = 1  # users multiplexed per virtual SuperNode (deployment: always one node per user)
+    num_cpus: float = 1.0  # Ray resources per ClientApp
+    num_gpus: float = 0.0  # fractional GPU per ClientApp; > 0 moves models and batches to CUDA
+    device: str = "auto"  # "auto": cuda when num_gpus > 0 and a GPU is visible, else cpu; or "cpu"/"cuda"
+
+
+@dataclass
+class FaultConfig:
+    """Failure injection (off by default): per sampled node and training round, seeded."""
+
+    crash: float = 0.0  # probability that the node's fit raises (client crash)
+    straggle: float = 0.0  # probability that the node replies only after `straggle_seconds` (a timeout)
+    straggle_seconds: float = 30.0
+    malformed: float = 0.0  # probability that the node uploads NaN gradients (must be rejected)
+
+
+@dataclass
+class CheckpointConfig:
+    """Server checkpoints every `every` training rounds (0: off); `resume` continues from `dir`."""
+
+    every: int = 0
+    dir: str = ""  # default: <output_dir>/checkpoint
+    resume: bool = False
 
 
 @dataclass
@@ -158,6 +189,9 @@ class AppConfig:
     expansion: ExpansionConfig = field(default_factory=ExpansionConfig)
     centralized: CentralizedConfig = field(default_factory=CentralizedConfig)
     fppdm: FPPDMConfig = field(default_factory=FPPDMConfig)
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    faults: FaultConfig = field(default_factory=FaultConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -167,6 +201,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "federation.loss": ("mean", "sum"),
     "server_opt.name": ("sgd", "adam"),
     "expansion.mode": ("none", "fixed", "trainable"),
+    "simulation.device": ("auto", "cpu", "cuda"),
 }
 _POSITIVE = (
     "model.dim",
@@ -186,8 +221,14 @@ _POSITIVE = (
     "fppdm.batch_size",
     "fppdm.local_epochs",
     "fppdm.negatives",
+    "simulation.users_per_node",
 )
-_NON_NEGATIVE = ("privacy.pseudo_items", "privacy.clip_delta", "model.dropout", "expansion.max_neighbours")
+_NON_NEGATIVE = (
+    "privacy.pseudo_items", "privacy.clip_delta", "model.dropout", "expansion.max_neighbours",
+    "federation.round_timeout", "simulation.num_cpus", "simulation.num_gpus", "faults.straggle_seconds",
+    "checkpoint.every",
+)
+_PROBABILITIES = ("faults.crash", "faults.straggle", "faults.malformed", "federation.eval_fraction")
 
 
 def _preset_path(name: str) -> Path:
@@ -246,6 +287,14 @@ def _validate(cfg: AppConfig) -> None:
     for key in _NON_NEGATIVE:
         if get(key) < 0:
             raise ConfigError(f"config key '{key}' = {get(key)!r}; expected >= 0")
+    for key in _PROBABILITIES:
+        if not 0.0 <= get(key) <= 1.0:
+            raise ConfigError(f"config key '{key}' = {get(key)!r}; expected a probability in [0, 1]")
+    if cfg.federation.eval_fraction == 0.0:
+        raise ConfigError("config key 'federation.eval_fraction' must be > 0 (some users must evaluate)")
+    if cfg.checkpoint.resume and cfg.expansion.mode == "trainable":
+        raise ConfigError("checkpoint.resume does not support expansion.mode = 'trainable' (the neighbour "
+                          "service's submissions are not checkpointed); use 'fixed' or 'none'")
     if cfg.privacy.ldp and cfg.privacy.noise_lambda <= 0:
         raise ConfigError("config key 'privacy.noise_lambda' must be > 0 when privacy.ldp is true")
     if not 0.0 <= cfg.model.dropout < 1.0:

@@ -35,7 +35,8 @@ def server_fn(context: Context) -> ServerAppComponents:
     recorder = RunRecorder(cfg.output_dir, cfg.algorithm, meta.dataset, to_dict(cfg))
     link = _expansion_link(cfg, meta.num_items) if cfg.expansion.mode != "none" else None
     strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, recorder, meta.num_users, link)
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=strategy.num_rounds))
+    timeout = cfg.federation.round_timeout or None
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=strategy.num_rounds, round_timeout=timeout))
 
 
 def _expansion_link(cfg, num_items: int) -> ExpansionLink:

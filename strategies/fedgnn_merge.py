@@ -1,104 +1,48 @@
-"""FedAvg with pseudo-item gradient merging (FedGNN), plus registration and federated RMSE.
+"""FedAvg with pseudo-item gradient merging (FedGNN's server) behind Flower's Strategy API.
 
 Round 1 registers every user's anonymity set (item ids only). Every later round:
-1. sample users, send each the model weights and the item rows of its own anonymity set;
-2. validate each upload, reject malformed ones (logged, counted, never averaged in);
+1. sample users (seeded, by user id), send each node the model weights and the item rows of
+   the anonymity sets of its sampled users;
+2. validate each user's upload, reject malformed ones (logged, counted, never averaged in);
 3. average model gradients over the |S| accepted users, merge item-row gradients by item id
    (sum / |S| as in the paper, or sum / per-item count), and apply the server optimiser;
 4. every `eval_every` rounds, users report (SSE, n) on their own test ratings -> RMSE.
+
+Checkpoints: every `checkpoint.every` training rounds the server state is saved; a run with
+`checkpoint.resume` re-registers the users and continues from the saved logical round, so its
+round numbers, sampling and client randomness are those of the uninterrupted run.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
-import torch
-from flwr.common import (
-    EvaluateIns,
-    EvaluateRes,
-    FitIns,
-    FitRes,
-    Parameters,
-    ndarrays_to_parameters,
-    parameters_to_ndarrays,
-)
+from flwr.common import EvaluateIns, FitIns, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from fedrec_flwr.config import AppConfig
-from fedrec_flwr.models import build_model
+from fedrec_flwr.config import AppConfig, to_dict
 from fedrec_flwr.protocol import (
     PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, UploadRejected, array_bytes,
+    frame_download, split_upload,
 )
 from fedrec_flwr.results import RunRecorder, report_round
+from strategies.fedgnn_server import (  # noqa: F401  (re-exported: the strategy's public helpers)
+    FedGNNServer, TrainUpdate, check_ids, eval_users, merge_item_gradients, round_schedule, sample_users,
+    validate_upload,
+)
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
 
 
-def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: int) -> np.ndarray:
-    """The anonymity set of a registration message, checked: sorted unique in-range ids, >= min_rows."""
-    if len(arrays) != 1:
-        raise UploadRejected(f"registration must carry exactly 1 array (item ids), got {len(arrays)}")
-    return _check_ids(arrays[0], num_items, min_rows)
-
-
-def _check_ids(ids: np.ndarray, num_items: int, min_rows: int) -> np.ndarray:
-    ids = np.asarray(ids)
-    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-        raise UploadRejected(f"item ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
-    if ids.size < min_rows:
-        raise UploadRejected(f"upload has {ids.size} item rows, fewer than the required {min_rows}")
-    if ids.size and (ids.min() < 0 or ids.max() >= num_items):
-        raise UploadRejected(f"item id out of range [0, {num_items})")
-    if np.unique(ids).size != ids.size:
-        raise UploadRejected("duplicate item ids")
-    return ids.astype(np.int64)
-
-
-def validate_upload(
-    arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], dim: int, num_items: int, min_rows: int,
-    registered: np.ndarray | None,
-) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-    """Split and check a training upload: (model grads, item ids, item rows) or UploadRejected."""
-    n = len(model_shapes)
-    if len(arrays) != n + 2:
-        raise UploadRejected(f"expected {n + 2} arrays (model grads, ids, rows), got {len(arrays)}")
-    grads = []
-    for i, (a, shape) in enumerate(zip(arrays[:n], model_shapes)):
-        a = np.asarray(a)
-        if a.shape != shape:
-            raise UploadRejected(f"model gradient {i} has shape {a.shape}, expected {shape}")
-        if not np.issubdtype(a.dtype, np.floating) or not np.isfinite(a).all():
-            raise UploadRejected(f"model gradient {i} has NaN/Inf or a non-float dtype")
-        grads.append(a.astype(np.float32))
-    ids = _check_ids(arrays[n], num_items, min_rows)
-    rows = np.asarray(arrays[n + 1])
-    if rows.shape != (ids.size, dim):
-        raise UploadRejected(f"item rows have shape {rows.shape}, expected {(ids.size, dim)}")
-    if not np.issubdtype(rows.dtype, np.floating) or not np.isfinite(rows).all():
-        raise UploadRejected("item rows have NaN/Inf or a non-float dtype")
-    if registered is not None and not np.array_equal(ids, registered):
-        raise UploadRejected("item ids differ from the anonymity set the client registered")
-    return grads, ids, rows.astype(np.float32)
-
-
-def merge_item_gradients(
-    uploads: list[tuple[np.ndarray, np.ndarray]], num_items: int, dim: int, normalise: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """(touched ids, merged rows): per-item sum divided by |S| ("clients") or by its count ("count")."""
-    total = torch.zeros((num_items, dim), dtype=torch.float64)
-    count = np.zeros(num_items, np.int64)
-    for ids, rows in uploads:  # ids are unique within an upload (validated)
-        total.index_add_(0, torch.from_numpy(ids), torch.from_numpy(rows).double())
-        count[ids] += 1
-    total = total.numpy()
-    touched = np.flatnonzero(count)
-    denom = count[touched][:, None] if normalise == "count" else max(len(uploads), 1)
-    return touched, (total[touched] / denom).astype(np.float32)
+def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: int) -> list[tuple[int, np.ndarray]]:
+    """[(user, anonymity set)] of a registration message, each set checked; UploadRejected otherwise."""
+    return [(u, check_ids(a[0], num_items, min_rows)) for u, a in split_upload(arrays, 1)]
 
 
 @dataclass(frozen=True)
@@ -110,33 +54,8 @@ class ExpansionLink:
     run_id: str
 
 
-def round_schedule(cfg: AppConfig, num_users: int) -> list[str]:
-    """Phase of every Flower round: register, training rounds, and (once, after T epochs) expansion.
-
-    One epoch is ceil(users / clients_per_round) training rounds. Expansion is two rounds in which
-    every user first submits to the neighbour service, then fetches its neighbours.
-    """
-    rounds = cfg.federation.rounds
-    phases = [PHASE_REGISTER] + [PHASE_TRAIN] * rounds
-    if cfg.expansion.mode != "none":
-        per_epoch = -(-num_users // cfg.federation.clients_per_round)
-        after = cfg.expansion.epoch * per_epoch
-        if after >= rounds:
-            raise ValueError(
-                f"expansion.epoch = {cfg.expansion.epoch} puts graph expansion after training round {after}, "
-                f"but federation.rounds = {rounds}; lower the epoch or add rounds"
-            )
-        phases[1 + after : 1 + after] = [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH]
-    return phases
-
-
-@dataclass
-class ServerState:
-    """What the recommendation server holds: model, item table, optimiser and the registry of anonymity sets."""
-
-    model: torch.nn.Module
-    items: torch.nn.Parameter
-    registry: dict[int, np.ndarray] = field(default_factory=dict)
+# config keys that may differ between a killed run and its resumption
+_RESUME_FREE = ("checkpoint", "output_dir", "faults")
 
 
 class FedGNNStrategy(FedAvg):
@@ -147,32 +66,20 @@ class FedGNNStrategy(FedAvg):
         num_users: int = 0, expansion: ExpansionLink | None = None, **kwargs,
     ):
         super().__init__(
-            min_fit_clients=cfg.federation.min_clients,
+            min_fit_clients=1,
             min_evaluate_clients=1,
-            min_available_clients=cfg.federation.min_clients,
+            min_available_clients=1,
             accept_failures=True,
             **kwargs,
         )
         self.cfg = cfg
         self.num_items = num_items
-        torch.manual_seed(cfg.seed)
-        gen = torch.Generator().manual_seed(cfg.seed + 1)
-        self.state = ServerState(
-            model=build_model(cfg.model, bias_init),
-            items=torch.nn.Parameter(torch.randn(num_items, cfg.model.dim, generator=gen) * 0.1),
-        )
-        params = list(self.state.model.parameters())
-        so = cfg.server_opt
-        if so.name == "adam":
-            self.model_opt = torch.optim.Adam(params, lr=so.lr)
-            self.item_opt = torch.optim.SparseAdam([self.state.items], lr=so.lr)
-        else:
-            self.model_opt = torch.optim.SGD(params, lr=so.lr, momentum=so.momentum)
-            self.item_opt = torch.optim.SGD([self.state.items], lr=so.lr)
-        self.model_shapes = [tuple(p.shape) for p in params]
+        self.server = FedGNNServer(cfg, num_items, bias_init)
+        self.node_users: dict[int, list[int]] = {}  # node id -> the users it registered
+        self.user_node: dict[int, int] = {}
         self.recorder = recorder
         self.round_started = time.time()
-        self.bytes_down = 0.0  # mean per client, current round
+        self.bytes_down = 0.0  # mean per user, current round
         self.rejections: list[tuple[int, str]] = []
         self.final: dict[str, float] = {}
         self.schedule = round_schedule(cfg, num_users)
@@ -180,150 +87,217 @@ class FedGNNStrategy(FedAvg):
         if cfg.expansion.mode != "none" and expansion is None:
             raise ValueError(f"expansion.mode = {cfg.expansion.mode!r} needs a neighbour service link")
         self.train_rounds_done = 0
+        self.offset = 0  # logical round = Flower round + offset (after registration)
+        self.resumed_from = -1
+        self.last_checkpoint = 0
+        self.checkpoint_dir = Path(cfg.checkpoint.dir or Path(cfg.output_dir) / "checkpoint")
+        if cfg.checkpoint.resume:
+            self._resume()
+
+    # -- compatibility for code that predates the Flower-free server core ------------------
+    @property
+    def state(self) -> FedGNNServer:
+        """The server core (model, items, registry)."""
+        return self.server
 
     @property
+    def model_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the model parameters, in upload order."""
+        return self.server.model_shapes
+
+    def model_weights(self) -> list[np.ndarray]:
+        """Current model weights as numpy arrays."""
+        return self.server.model_weights()
+
+    # -- rounds ------------------------------------------------------------------------
+    @property
     def num_rounds(self) -> int:
-        """Flower rounds this strategy needs (registration, training, expansion)."""
-        return len(self.schedule)
+        """Flower rounds this run needs (registration, training, expansion; fewer when resumed)."""
+        return len(self.schedule) - self.offset
+
+    def logical(self, server_round: int) -> int:
+        """The round of the uninterrupted run that this Flower round is (registration is always 1)."""
+        return 1 if server_round == 1 else server_round + self.offset
 
     def phase(self, server_round: int) -> str:
         """The phase of a Flower round."""
-        return self.schedule[server_round - 1]
+        return self.schedule[self.logical(server_round) - 1]
+
+    def _resume(self) -> None:
+        ckpt = self.server.read_checkpoint(self.checkpoint_dir)
+        now = {k: v for k, v in to_dict(self.cfg).items() if k not in _RESUME_FREE}
+        then = {k: v for k, v in ckpt["config"].items() if k not in _RESUME_FREE}
+        if now != then:
+            diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+            raise ValueError(f"checkpoint {self.checkpoint_dir} was written with a different config (sections {diff})")
+        self.server.restore(ckpt)
+        done = int(ckpt["logical_round"])
+        self.offset = done - 1
+        self.resumed_from = self.last_checkpoint = done
+        self.train_rounds_done = int(ckpt["train_rounds_done"])
+        self.rejections = [tuple(r) for r in ckpt["rejections"]]
+        if self.recorder is not None:
+            self.recorder.doc["rounds"] = list(ckpt["history"])
+            self.recorder.doc["resumed_from"] = done
+        print(f"[fedgnn] resumed from {self.checkpoint_dir} after logical round {done} "
+              f"({self.train_rounds_done} training rounds done)", flush=True)
+
+    def _maybe_checkpoint(self, server_round: int) -> None:
+        every = self.cfg.checkpoint.every
+        if not every or self.phase(server_round) != PHASE_TRAIN or self.train_rounds_done % every:
+            return
+        done = self.logical(server_round)
+        history = list(self.recorder.doc["rounds"]) if self.recorder is not None else []
+        self.server.save_checkpoint(self.checkpoint_dir, {
+            "logical_round": done, "train_rounds_done": self.train_rounds_done, "history": history,
+            "rejections": self.rejections, "config": to_dict(self.cfg),
+        })
+        self.last_checkpoint = done
+        log.info("round %d: checkpoint written to %s", done, self.checkpoint_dir)
+
+    def _base_config(self, server_round: int) -> dict:
+        return {"phase": self.phase(server_round), "round": self.logical(server_round),
+                "ckpt": self.last_checkpoint, "resume_from": self.resumed_from}
 
     def _expansion_config(self) -> dict:
         link = self.expansion
         return {"nb_key": link.key, "nb_address": link.address, "nb_run": link.run_id,
                 "nb_retries": self.cfg.expansion.retries}
 
-    # -- helpers ---------------------------------------------------------------------
-    def model_weights(self) -> list[np.ndarray]:
-        """Current model weights as numpy arrays."""
-        return [p.detach().numpy().copy() for p in self.state.model.parameters()]
+    def _registered_nodes(self, client_manager: ClientManager) -> dict[int, ClientProxy]:
+        return {c.node_id: c for c in client_manager.all().values() if c.node_id in self.node_users}
 
-    def _rows_for(self, node_id: int) -> np.ndarray:
-        return self.state.items.detach()[torch.from_numpy(self.state.registry[node_id])].numpy()
-
-    def _payload(self, node_id: int, weights: list[np.ndarray] | None = None) -> list[np.ndarray]:
-        """Model weights (pass them in to copy them once per round) and the node's anonymity-set rows."""
-        return [*(weights if weights is not None else self.model_weights()), self._rows_for(node_id)]
-
-    def _min_rows(self) -> int:
-        """Rows every upload must carry: M, or the whole catalogue when it has fewer than M items."""
-        return min(self.cfg.privacy.pseudo_items, self.num_items)
+    def _framed(self, weights: list[np.ndarray], users: list[int]) -> list[np.ndarray]:
+        return frame_download(weights, users, [self.server.rows_for(u) for u in users])
 
     # -- Flower strategy API ---------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         """The initial model weights (the item table stays on the server and goes out row-wise)."""
-        return ndarrays_to_parameters(self.model_weights())
+        return ndarrays_to_parameters(self.server.model_weights())
 
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
-        """Register / expand: every client. Train: sampled clients get weights + their own rows."""
+        """Register / expand: every node. Train: the nodes of the sampled users, with their rows."""
         self.round_started = time.time()
         phase = self.phase(server_round)
+        config = self._base_config(server_round)
         if phase == PHASE_REGISTER:
-            ins = FitIns(ndarrays_to_parameters([]), {"phase": phase, "round": server_round})
             self.bytes_down = 0.0
+            ins = FitIns(ndarrays_to_parameters([]), config)
             return [(c, ins) for c in client_manager.all().values()]
-        registered = [c for c in client_manager.all().values() if c.node_id in self.state.registry]
+        nodes = self._registered_nodes(client_manager)
         if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
-            ins = FitIns(ndarrays_to_parameters([]), {"phase": phase, "round": server_round, **self._expansion_config()})
             self.bytes_down = 0.0
-            return [(c, ins) for c in registered]
-        k = min(self.cfg.federation.clients_per_round, len(registered))
-        rng = np.random.default_rng([self.cfg.seed, server_round])
-        chosen = [registered[i] for i in rng.choice(len(registered), size=k, replace=False)]
-        config: dict = {"phase": PHASE_TRAIN, "round": server_round}
-        if self.cfg.expansion.mode == "trainable" and PHASE_EXPAND_FETCH in self.schedule[: server_round - 1]:
+            ins = FitIns(ndarrays_to_parameters([]), {**config, **self._expansion_config()})
+            return [(c, ins) for c in nodes.values()]
+        live = [u for u in self.server.registry if self.user_node.get(u) in nodes]
+        chosen = sample_users(self.cfg.seed, self.logical(server_round), live, self.cfg.federation.clients_per_round)
+        if self.cfg.expansion.mode == "trainable" and PHASE_EXPAND_FETCH in self.schedule[: self.logical(server_round) - 1]:
             config.update(self._expansion_config(), nb_refresh=True)
-        out, down, weights = [], 0, self.model_weights()
-        for c in chosen:
-            payload = self._payload(c.node_id, weights)
+        by_node: dict[int, list[int]] = {}
+        for u in chosen:
+            by_node.setdefault(self.user_node[u], []).append(u)
+        out, down, weights = [], 0, self.server.model_weights()
+        for nid, users in by_node.items():
+            payload = self._framed(weights, users)
             down += array_bytes(payload)
-            out.append((c, FitIns(ndarrays_to_parameters(payload), config)))
-        self.bytes_down = down / max(len(out), 1)
+            out.append((nodes[nid], FitIns(ndarrays_to_parameters(payload), config)))
+        self.bytes_down = down / max(len(chosen), 1)
         return out
 
-    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures):
+    def aggregate_fit(self, server_round: int, results, failures):
         """Validate, merge and apply; rejected updates are logged and counted, never averaged in."""
         phase = self.phase(server_round)
         if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
             return self._finish_expansion(server_round, phase, results, failures)
         for f in failures:
             self._reject(server_round, f"client failure: {f if isinstance(f, BaseException) else 'error result'}")
-        accepted: list[tuple[list[np.ndarray], np.ndarray, np.ndarray]] = []
-        up = 0
+        if phase == PHASE_REGISTER:
+            return self._finish_registration(server_round, results, failures)
+        accepted: list[TrainUpdate] = []
+        up = users_seen = 0
+        per_user = len(self.server.model_shapes) + 2
         for proxy, res in results:
             arrays = parameters_to_ndarrays(res.parameters)
             up += array_bytes(arrays)
             try:
-                if phase == PHASE_REGISTER:
-                    self.state.registry[proxy.node_id] = validate_registration(arrays, self.num_items, self._min_rows())
-                    continue
-                accepted.append(
-                    validate_upload(
-                        arrays, self.model_shapes, self.cfg.model.dim, self.num_items,
-                        self._min_rows(), self.state.registry.get(proxy.node_id),
-                    )
-                )
+                parts = split_upload(arrays, per_user)
             except UploadRejected as exc:
                 self._reject(server_round, f"node {proxy.node_id}: {exc}")
-        record = {
-            "round": server_round,
-            "phase": phase,
-            "clients": len(results),
-            "accepted": len(accepted) if phase == PHASE_TRAIN else len(self.state.registry),
-            "rejected": len(failures) + len(results) - (len(accepted) if phase == PHASE_TRAIN else len(self.state.registry)),
-            "bytes_down": self.bytes_down,
-            "bytes_up": up / max(len(results), 1),
-        }
-        if phase == PHASE_TRAIN:
-            self.train_rounds_done += 1
-        if accepted and len(accepted) >= self.cfg.federation.min_clients:
-            self._apply(accepted)
-        elif phase == PHASE_TRAIN:
+                continue
+            users_seen += len(parts)
+            for user, user_arrays in parts:
+                try:
+                    if self.user_node.get(user) != proxy.node_id:
+                        raise UploadRejected(f"user {user} is not hosted by this node")
+                    accepted.append(self.server.validate(user, user_arrays))
+                except UploadRejected as exc:
+                    self._reject(server_round, f"node {proxy.node_id} user {user}: {exc}")
+        self.train_rounds_done += 1
+        min_clients = self.cfg.federation.min_clients
+        if len(accepted) >= min_clients:
+            self.server.apply(accepted)
+        else:
             log.warning("round %d: %d accepted updates < min_clients=%d; model unchanged",
-                        server_round, len(accepted), self.cfg.federation.min_clients)
+                        self.logical(server_round), len(accepted), min_clients)
+        record = {
+            "round": self.logical(server_round), "phase": phase, "clients": users_seen, "accepted": len(accepted),
+            "rejected": len(self.rejections_in(server_round)), "failures": len(failures),
+            "applied": len(accepted) >= min_clients,
+            "bytes_down": self.bytes_down, "bytes_up": up / max(users_seen, 1),
+        }
         if self.cfg.privacy.ldp:
             record["epsilon"] = 2 * self.cfg.privacy.clip_delta / self.cfg.privacy.noise_lambda
         record["round_seconds"] = time.time() - self.round_started
         self._record(record)
-        return ndarrays_to_parameters(self.model_weights()), {k: v for k, v in record.items() if isinstance(v, (int, float))}
+        self._maybe_checkpoint(server_round)
+        return ndarrays_to_parameters(self.server.model_weights()), {k: v for k, v in record.items() if isinstance(v, (int, float))}
+
+    def rejections_in(self, server_round: int) -> list[str]:
+        """Reasons of the updates rejected in a (Flower) round."""
+        r = self.logical(server_round)
+        return [why for rnd, why in self.rejections if rnd == r]
+
+    def _finish_registration(self, server_round: int, results, failures):
+        """Record each node's users and their anonymity sets; a user claimed twice is refused."""
+        for proxy, res in results:
+            try:
+                claimed = validate_registration(parameters_to_ndarrays(res.parameters), self.num_items, self.server.min_rows())
+                for user, _ in claimed:
+                    if user in self.user_node and self.user_node[user] != proxy.node_id:
+                        raise UploadRejected(f"user {user} is already registered by another node")
+            except UploadRejected as exc:
+                self._reject(server_round, f"node {proxy.node_id}: registration refused: {exc}")
+                continue
+            for user, ids in claimed:
+                self.server.register(user, ids)
+                self.user_node[user] = proxy.node_id
+            self.node_users[proxy.node_id] = [u for u, _ in claimed]
+        record = {"round": self.logical(server_round), "phase": PHASE_REGISTER, "clients": len(results),
+                  "accepted": len(self.server.registry), "nodes": len(self.node_users),
+                  "rejected": len(self.rejections_in(server_round)), "bytes_down": 0.0, "bytes_up": 0.0,
+                  "round_seconds": time.time() - self.round_started}
+        self._record(record)
+        return ndarrays_to_parameters(self.server.model_weights()), {}
 
     def _finish_expansion(self, server_round: int, phase: str, results, failures):
         """Every user must have expanded; otherwise stop: no training on half-expanded graphs."""
         if failures:
             reasons = sorted({str(f) if isinstance(f, BaseException) else "client error" for f in failures})[:3]
             raise RuntimeError(
-                f"graph expansion ({phase}) failed for {len(failures)} of {len(failures) + len(results)} users; "
+                f"graph expansion ({phase}) failed for {len(failures)} of {len(failures) + len(results)} nodes; "
                 f"stopping instead of training on half-expanded graphs: {'; '.join(reasons)}"
             )
-        record = {"round": server_round, "phase": phase, "clients": len(results), "accepted": len(results),
+        users = sum(int(r.metrics.get("users", r.num_examples)) for _, r in results)
+        record = {"round": self.logical(server_round), "phase": phase, "clients": users, "accepted": users,
                   "rejected": 0, "bytes_down": 0.0, "bytes_up": 0.0, "round_seconds": time.time() - self.round_started}
         if phase == PHASE_EXPAND_FETCH:
-            counts = [int(r.metrics.get("neighbours", 0)) for _, r in results]
-            record["mean_neighbours"] = float(np.mean(counts)) if counts else 0.0
+            record["mean_neighbours"] = sum(int(r.metrics.get("neighbours", 0)) for _, r in results) / max(users, 1)
         self._record(record)
-        return ndarrays_to_parameters(self.model_weights()), {}
-
-    def _apply(self, accepted: list[tuple[list[np.ndarray], np.ndarray, np.ndarray]]) -> None:
-        s = len(accepted)
-        self.model_opt.zero_grad()
-        for p, i in zip(self.state.model.parameters(), range(len(self.model_shapes))):
-            p.grad = torch.from_numpy(np.asarray(sum(a[0][i] for a in accepted) / s, np.float32)).reshape(p.shape)
-        self.model_opt.step()
-        uploads = [(a[1], a[2] - a[2].mean(0) if self.cfg.federation.center_uploads else a[2]) for a in accepted]
-        ids, rows = merge_item_gradients(uploads, self.num_items, self.cfg.model.dim, self.cfg.federation.item_merge)
-        self.item_opt.zero_grad()
-        grad = torch.sparse_coo_tensor(torch.from_numpy(ids)[None, :], torch.from_numpy(rows), self.state.items.shape)
-        if isinstance(self.item_opt, torch.optim.SparseAdam):
-            self.state.items.grad = grad.coalesce()
-        else:
-            self.state.items.grad = grad.to_dense()
-        self.item_opt.step()
+        return ndarrays_to_parameters(self.server.model_weights()), {}
 
     def _reject(self, server_round: int, reason: str) -> None:
-        log.warning("round %d: rejected update: %s", server_round, reason)
-        self.rejections.append((server_round, reason))
+        log.warning("round %d: rejected update: %s", self.logical(server_round), reason)
+        self.rejections.append((self.logical(server_round), reason))
 
     def _is_eval_round(self, server_round: int) -> bool:
         if self.phase(server_round) != PHASE_TRAIN:
@@ -332,17 +306,19 @@ class FedGNNStrategy(FedAvg):
         return r > 0 and (r % self.cfg.federation.eval_every == 0 or server_round == self.num_rounds)
 
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
-        """On evaluation rounds every registered user evaluates on its own test ratings."""
+        """On evaluation rounds the evaluating users (all, or a fixed sample) score their own test ratings."""
         if not self._is_eval_round(server_round):
             return []
-        weights = self.model_weights()
-        return [
-            (c, EvaluateIns(ndarrays_to_parameters(self._payload(c.node_id, weights)), {"round": server_round}))
-            for c in client_manager.all().values()
-            if c.node_id in self.state.registry
-        ]
+        nodes = self._registered_nodes(client_manager)
+        live = [u for u in self.server.registry if self.user_node.get(u) in nodes]
+        by_node: dict[int, list[int]] = {}
+        for u in eval_users(self.cfg.seed, live, self.cfg.federation.eval_fraction):
+            by_node.setdefault(self.user_node[u], []).append(u)
+        weights, config = self.server.model_weights(), self._base_config(server_round)
+        return [(nodes[nid], EvaluateIns(ndarrays_to_parameters(self._framed(weights, users)), config))
+                for nid, users in by_node.items()]
 
-    def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]], failures):
+    def aggregate_evaluate(self, server_round: int, results, failures):
         """RMSE = sqrt(sum SSE / sum n) over users; MAE likewise."""
         sse = sum(float(r.metrics.get("sse", 0.0)) for _, r in results)
         sae = sum(float(r.metrics.get("sae", 0.0)) for _, r in results)
@@ -351,7 +327,7 @@ class FedGNNStrategy(FedAvg):
             return None, {}
         metrics = {"rmse": float(np.sqrt(sse / n)), "mae": sae / n, "eval_ratings": n, "eval_failures": len(failures)}
         self.final = {"rmse": metrics["rmse"], "mae": metrics["mae"]}
-        self._record({"round": server_round, **metrics})
+        self._record({"round": self.logical(server_round), **metrics})
         if server_round == self.num_rounds:
             self.finish()
         return metrics["rmse"], metrics

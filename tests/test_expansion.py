@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clients.fedgnn import FedGNNClient, local_gradients
-from clients.user_store import MemoryStore
+from clients.fedgnn import FedGNNClient
+from clients.fedgnn_user import FedGNNUser, MemoryStore, local_gradients
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
@@ -33,12 +33,16 @@ def service():
 
 
 def _expand_all(cfg, parts, store, config):
-    clients = {u: FedGNNClient(cfg, parts.meta, parts.user(u), store) for u in range(parts.meta.num_users)}
+    """Two nodes hosting half the users each, as a multiplexed simulation would."""
+    users = list(range(parts.meta.num_users))
+    half = len(users) // 2
+    nodes = [FedGNNClient(cfg, parts.meta, users[:half], parts.user, store),
+             FedGNNClient(cfg, parts.meta, users[half:], parts.user, store)]
     for phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
-        for u, c in clients.items():
-            c.state = store.load(u) or c.state
-            arrays, n, metrics = c.fit([], {**config, "phase": phase, "round": 2})
-            assert arrays == [] and n == 0  # nothing goes to the recommendation server
+        for node in nodes:
+            arrays, n, metrics = node.fit([], {**config, "phase": phase, "round": 2})
+            assert arrays == [] and n == len(node.user_ids)  # nothing goes to the recommendation server
+            assert set(metrics) <= {"phase", "neighbours", "users"}
 
 
 def test_clients_get_exactly_their_co_raters_as_anonymous_neighbours(tiny_cfg, service):
@@ -62,7 +66,7 @@ def test_neighbours_enter_the_star_graph_and_change_predictions(tiny_cfg):
     parts = UserPartitions(prepare_partitions(cfg.data))
     data = parts.user(3)
     store = MemoryStore()
-    client = FedGNNClient(cfg, parts.meta, data, store)
+    client = FedGNNUser(cfg, parts.meta, data, store)
     model = build_model(cfg.model, parts.meta.scale.midpoint)
     rows = np.random.default_rng(0).standard_normal((client.state.anonymity_ids.size, cfg.model.dim)).astype(np.float32) * 0.1
     without = local_gradients(cfg, model, client.state, data, rows, np.random.default_rng(1))
@@ -76,7 +80,7 @@ def test_strategy_stops_instead_of_training_on_half_expanded_graphs(tiny_cfg):
     link = ExpansionLink(new_run_key(), "127.0.0.1:9", "r")
     strategy = FedGNNStrategy(cfg, 80, 3.0, None, 60, link)
     assert strategy.phase(2) == PHASE_EXPAND_SUBMIT
-    with pytest.raises(RuntimeError, match="graph expansion \\(expand-submit\\) failed for 1 of 1 users"):
+    with pytest.raises(RuntimeError, match="graph expansion \\(expand-submit\\) failed for 1 of 1 nodes"):
         strategy.aggregate_fit(2, [], [ConnectionError("neighbour service unreachable")])
 
 

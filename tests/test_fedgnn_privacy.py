@@ -7,8 +7,8 @@ import pytest
 import torch
 from scipy import stats
 
-from clients.fedgnn import FedGNNClient, build_upload, init_user_state, local_gradients
-from clients.user_store import MemoryStore
+from clients.fedgnn import FedGNNClient
+from clients.fedgnn_user import MemoryStore, build_upload, init_user_state, local_gradients
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model
 from fedrec_flwr.privacy import clip_linf, privatize, pseudo_gradient_rows
@@ -58,15 +58,18 @@ def test_upload_hides_embedding_ratings_and_count(tiny_cfg):
     parts, meta = _setup(cfg)
     data = parts.user(5)
     store = MemoryStore()
-    client = FedGNNClient(cfg, meta, data, store)
-    ids, n, reg_metrics = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
-    assert n == 0 and len(ids) == 1
+    client = FedGNNClient(cfg, meta, [5], parts.user, store)
+    reg, n, reg_metrics = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
+    assert n == 1 and len(reg) == 2 and reg[0].tolist() == [5]  # [users, ids of user 5]
+    ids = reg[1:]
     assert np.all(np.isin(data.train_items, ids[0])) and ids[0].size >= cfg.privacy.pseudo_items
     assert ids[0].size >= 2 * data.train_items.size  # at least as many pseudo rows as real ones
     weights, rows = _payload(cfg, meta, store.load(5))
-    upload, n, metrics = client.fit([*weights, rows], {"phase": PHASE_TRAIN, "round": 2})
+    upload, n, metrics = client.fit([*weights, np.array([5]), rows], {"phase": PHASE_TRAIN, "round": 2})
     emb = store.load(5).embedding
     assert n == 1 and set(metrics) == {"phase", "epsilon"}  # no rating count, no loss
+    assert upload[0].tolist() == [5]  # the framing names the user, whom the server knows anyway
+    upload = upload[1:]
     assert np.array_equal(upload[-2], np.sort(upload[-2]))  # ids sorted: position marks nothing
     floats = [np.ravel(a).astype(np.float64) for a in upload if np.issubdtype(np.asarray(a).dtype, np.floating)]
     ints = [a for a in upload if np.issubdtype(np.asarray(a).dtype, np.integer)]

@@ -53,4 +53,6 @@ def test_too_few_rows_and_changed_set_rejected():
     with pytest.raises(UploadRejected, match="differ from the anonymity set"):
         validate_upload(good(), SHAPES, 4, 10, 3, np.array([1, 4, 8]))
     with pytest.raises(UploadRejected, match="fewer than the required"):
-        validate_registration([np.array([1, 2])], 10, 3)
+        validate_registration([np.array([0]), np.array([1, 2])], 10, 3)
+    with pytest.raises(UploadRejected, match="names 2 users and needs 3 arrays"):
+        validate_registration([np.array([0, 1]), np.array([1, 2, 3])], 10, 3)

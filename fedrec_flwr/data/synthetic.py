@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..progress import Progress
 from .types import Domain, MultiDomainDataset, RatingDataset, Ratings, RatingScale
 
 SYNTHETIC_SCALE = RatingScale(1.0, 5.0, 1.0)
@@ -28,11 +29,14 @@ def _sample_interactions(
     n_items = item_weights.shape[0]
     log_w = np.log(item_weights)
     users, items = [], []
+    progress = Progress(degrees.size, "synthetic ratings (users)")
     for u, k in enumerate(degrees):
         keys = log_w + rng.gumbel(size=n_items)
         chosen = np.argpartition(-keys, k - 1)[:k]
         users.append(np.full(k, u, np.int64))
         items.append(np.sort(chosen).astype(np.int64))
+        progress.update()
+    progress.close()
     return np.concatenate(users), np.concatenate(items)
 
 

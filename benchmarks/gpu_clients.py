@@ -1,0 +1,102 @@
+"""Clients per second on CPU against GPU, driving the client and server code directly (no flwr, no ray).
+
+    python -m benchmarks.gpu_clients [--devices cpu cuda] [--users 2000] [--rounds 4]
+
+FedGNN: `benchmarks.direct.run_direct` (FedGNNUser + FedGNNServer, paper preset, privacy on)
+on synthetic data shaped like ML-10M (10,677 items, ~143 ratings per user), 128 users per
+round; clients/s = users trained per second of round time (median over rounds after the
+first). FPPDM: seconds per local epoch of one DomainTrainer on a synthetic domain.
+Needs only torch, torch-geometric and the project's own pure-Python dependencies, so it runs
+on a GPU machine without flwr or ray. A device that is not present is reported as skipped.
+Writes benchmarks/results/gpu_clients.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.direct import run_direct
+from clients.fppdm_domain import DomainData, DomainTrainer
+from fedrec_flwr.config import load_config
+from fedrec_flwr.data.synthetic import make_synthetic_multidomain
+from fedrec_flwr.fsutil import atomic_write
+
+
+def fedgnn_clients_per_second(device: torch.device, users: int, rounds: int, cache_dir: str, overrides: list[str]) -> dict:
+    """Median clients/s of FedGNN training rounds with users and server on `device`."""
+    cfg = load_config("fedgnn", "synthetic", [
+        f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", "data.synthetic.num_items=10677",
+        "data.synthetic.mean_degree=143", f"federation.rounds={rounds}", f"federation.eval_every={rounds}", *overrides,
+    ])
+    out = run_direct(cfg, device, log_every=0, server_device=device)
+    secs = [h["round_seconds"] for h in out["history"]][1:] or [out["median_round_seconds"]]
+    return {"clients_per_second": cfg.federation.clients_per_round / float(np.median(secs)),
+            "median_round_s": float(np.median(secs)), "rmse": out["rmse"]}
+
+
+def fppdm_epoch_seconds(device: torch.device, users: int, items: int, epochs: int) -> dict:
+    """Seconds per local epoch of one FPPDM domain (Gaussian LightGCN, D = 128, batch 256) on `device`."""
+    ds = make_synthetic_multidomain(seed=0, num_domains=1, num_users=users, items_per_domain=items, mean_degree=30.0)
+    cfg = load_config("fppdm", "synthetic-md3", ["fppdm.local_epochs=1"])
+    trainer = DomainTrainer(cfg, DomainData(ds.domains[0]), 0, device)
+    empty = np.zeros(0, np.int64), np.zeros((0, cfg.fppdm.dim), np.float32), np.zeros((0, cfg.fppdm.dim), np.float32)
+    times = []
+    for epoch in range(epochs + 1):  # the first epoch warms up kernels and allocators
+        t0 = time.time()
+        trainer.train(epoch + 1, *empty)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.time() - t0)
+    return {"epoch_s": float(np.median(times[1:])), "interactions": int(trainer.data.users.size)}
+
+
+def main() -> None:
+    """Measure every available device; record ratios against CPU."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--devices", nargs="+", default=["cpu", "cuda"])
+    ap.add_argument("--users", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--fppdm-users", type=int, default=5000)
+    ap.add_argument("--fppdm-items", type=int, default=3000)
+    ap.add_argument("--fppdm-epochs", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (a ClientApp gets one core)")
+    ap.add_argument("--cache-dir", default=".cache/fedrec")
+    ap.add_argument("--set", nargs="*", default=[])
+    ap.add_argument("--out", default="benchmarks/results/gpu_clients.json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = {}
+    for name in args.devices:
+        if name == "cuda" and not torch.cuda.is_available():
+            rows[name] = {"skipped": "torch sees no CUDA device"}
+            print(f"[gpu_clients] {name}: skipped (no CUDA device)", flush=True)
+            continue
+        device = torch.device(name)
+        row = {"fedgnn": fedgnn_clients_per_second(device, args.users, args.rounds, args.cache_dir, args.set),
+               "fppdm": fppdm_epoch_seconds(device, args.fppdm_users, args.fppdm_items, args.fppdm_epochs)}
+        if name == "cuda":
+            row["gpu"] = torch.cuda.get_device_name(0)
+        rows[name] = row
+        print(f"[gpu_clients] {name}: {json.dumps(row)}", flush=True)
+    cpu = rows.get("cpu", {})
+    for name, row in rows.items():
+        if name != "cpu" and "fedgnn" in row and "fedgnn" in cpu:
+            row["fedgnn_speedup_vs_cpu"] = row["fedgnn"]["clients_per_second"] / cpu["fedgnn"]["clients_per_second"]
+            row["fppdm_speedup_vs_cpu"] = cpu["fppdm"]["epoch_s"] / row["fppdm"]["epoch_s"]
+    doc = {"date": date.today().isoformat(), "machine": platform.processor() or platform.machine(),
+           "torch": torch.__version__, "threads": args.threads, "users": args.users, "rounds": args.rounds,
+           "overrides": args.set, "devices": rows}
+    atomic_write(Path(args.out), json.dumps(doc, indent=1))
+    print(json.dumps(doc))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""One FedGNN user device, without Flower: its star subgraph, a GNN copy and its private embedding.
+
+The user's embedding and ratings never leave the device. What leaves is the LDP-protected
+gradient of the shared model and of the item rows of its anonymity set (rated, test and
+pseudo items together, sorted by id), see `fedrec_flwr.protocol`. This module needs only
+torch and torch-geometric, so GPU benchmarks can drive it on machines without flwr or ray;
+`clients.fedgnn` wraps it in Flower's NumPyClient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedrec_flwr.config import AppConfig
+from fedrec_flwr.data import UserData
+from fedrec_flwr.data.partition import PartitionMeta
+from fedrec_flwr.metrics import squared_error_sum
+from fedrec_flwr.models import RatingGNN, build_model, build_star_batch
+from fedrec_flwr.privacy import epsilon, num_pseudo, privatize, pseudo_gradient_rows, sample_pseudo_items
+from fedrec_flwr.neighbours import NeighbourClient, item_tokens
+from fedrec_flwr.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN
+
+
+@dataclass
+class UserState:
+    """What a device keeps between rounds: its private embedding, its fixed anonymity set,
+    and the anonymous neighbour embeddings graph expansion gave it."""
+
+    embedding: np.ndarray  # [d] float32, never sent to the recommendation server
+    anonymity_ids: np.ndarray  # sorted int64: rated train items, test items, pseudo items
+    neighbours: np.ndarray  # [n <= N, d] float32, from the neighbour service
+    handle: str  # random anonymous name towards the neighbour service
+
+    def copy(self) -> "UserState":
+        """An independent copy."""
+        return UserState(self.embedding.copy(), self.anonymity_ids.copy(), self.neighbours.copy(), self.handle)
+
+
+class MemoryStore:
+    """The same interface over a dict: for tests and for driving clients without Flower."""
+
+    def __init__(self):
+        self.states: dict[int, UserState] = {}
+
+    def begin_round(self, config) -> None:
+        """Nothing to note: a memory store lives exactly as long as its run."""
+
+    def load(self, user: int) -> UserState | None:
+        """The stored state of `user`, or None."""
+        st = self.states.get(user)
+        return None if st is None else st.copy()
+
+    def save(self, user: int, st: UserState, server_round: int = 0) -> None:
+        """Keep a copy of `user`'s state."""
+        self.states[user] = st.copy()
+
+
+def user_rng(seed: int, user: int, *stream: int) -> np.random.Generator:
+    """A generator private to one user (and stream), so runs are reproducible per seed."""
+    return np.random.default_rng([seed, user, *stream])
+
+
+def init_user_state(cfg: AppConfig, meta: PartitionMeta, data: UserData) -> UserState:
+    """Draw the user's embedding and its fixed pseudo items (once, on the device)."""
+    rng = user_rng(cfg.seed, data.user, 0)
+    emb = (rng.standard_normal(cfg.model.dim) * 0.1).astype(np.float32)
+    own = np.union1d(data.train_items, data.test_items)
+    count = num_pseudo(cfg.privacy.pseudo_items, own.size, meta.num_items - own.size)
+    pseudo = sample_pseudo_items(rng, meta.num_items, own, count)
+    handle = rng.bytes(16).hex()  # private randomness: the service cannot link it to the user id
+    return UserState(emb, np.union1d(own, pseudo).astype(np.int64), np.zeros((0, cfg.model.dim), np.float32), handle)
+
+
+def set_weights(model: RatingGNN, arrays: list[np.ndarray]) -> None:
+    """Load the server's model weights into `model` (parameters in registration order)."""
+    params = list(model.parameters())
+    if len(arrays) != len(params):
+        raise ValueError(f"expected {len(params)} model arrays, got {len(arrays)}")
+    with torch.no_grad():
+        for p, a in zip(params, arrays):
+            p.copy_(torch.from_numpy(np.asarray(a)).reshape(p.shape))
+
+
+def local_gradients(
+    cfg: AppConfig,
+    model: RatingGNN,
+    state: UserState,
+    data: UserData,
+    item_rows: np.ndarray,
+    rng: np.random.Generator,
+    device: torch.device | None = None,
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, float]:
+    """The paper's LocalGradCal on one user.
+
+    Returns (model gradients, gradient rows of the rated items, updated user embedding,
+    training loss). Gradients are averaged over `local_steps` mini-batches; the user
+    embedding takes a plain SGD step after each one, then `user_steps - 1` more on all the
+    user's ratings, and stays on the device.
+    """
+    device = device or torch.device("cpu")
+    model = model.to(device).train()
+    pos = np.searchsorted(state.anonymity_ids, data.train_items)
+    items_x = torch.tensor(item_rows[pos], device=device, requires_grad=True)
+    user_x = torch.tensor(state.embedding[None, :], device=device, requires_grad=True)
+    targets = torch.from_numpy(data.train_values).to(device)
+    neigh_x = torch.from_numpy(state.neighbours).to(device)
+    batch = build_star_batch([data.train_items.size], None, [state.neighbours.shape[0]]).to(device)
+    params = list(model.parameters())
+    grad_sum = [torch.zeros_like(p) for p in params]
+    row_grad = torch.zeros_like(items_x)
+    losses = []
+    for _ in range(cfg.federation.local_steps):
+        pick = torch.from_numpy(rng.permutation(data.train_items.size)[: cfg.federation.batch_size]).to(device)
+        pred, _ = model(batch, user_x, items_x, None, neigh_x)
+        loss = torch.mean((pred[pick] - targets[pick]) ** 2)
+        grads = torch.autograd.grad(loss, [*params, items_x, user_x])
+        # uploads carry the gradient of the summed loss when federation.loss = "sum": per-row
+        # gradients then use the clip range instead of drowning in the LDP noise
+        scale = float(pick.numel()) if cfg.federation.loss == "sum" else 1.0
+        for acc, g in zip(grad_sum, grads[: len(params)]):
+            acc += scale * g
+        row_grad += scale * grads[len(params)]
+        with torch.no_grad():  # the private embedding always follows the mean loss
+            user_x -= cfg.federation.user_lr * grads[-1]
+        losses.append(loss.item())
+    for _ in range(cfg.federation.user_steps - 1):  # extra private steps: personalisation costs no privacy
+        pred, _ = model(batch, user_x, items_x.detach(), None, neigh_x)
+        (g_user,) = torch.autograd.grad(torch.mean((pred - targets) ** 2), [user_x])
+        with torch.no_grad():
+            user_x -= cfg.federation.user_lr * g_user
+    steps = cfg.federation.local_steps
+    return (
+        [(g / steps).cpu().numpy() for g in grad_sum],
+        (row_grad / steps).cpu().numpy(),
+        user_x.detach()[0].cpu().numpy(),
+        float(np.mean(losses)),
+    )
+
+
+def build_upload(
+    cfg: AppConfig, state: UserState, data: UserData, model_grads: list[np.ndarray], real_rows: np.ndarray, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """[*model grads, ids, rows]: real rows and pseudo rows merged by id, then LDP on everything."""
+    rows = np.empty((state.anonymity_ids.size, real_rows.shape[1]), np.float32)
+    is_real = np.zeros(state.anonymity_ids.size, bool)
+    is_real[np.searchsorted(state.anonymity_ids, data.train_items)] = True
+    rows[is_real] = real_rows  # both in ascending item-id order
+    rows[~is_real] = pseudo_gradient_rows(rng, real_rows, int((~is_real).sum()))
+    payload = [*model_grads, rows]
+    if cfg.privacy.ldp:
+        payload = privatize(payload, cfg.privacy.clip_delta, cfg.privacy.noise_lambda, rng)
+    return [*payload[:-1], state.anonymity_ids.copy(), payload[-1]]
+
+
+def evaluate_user(
+    model: RatingGNN, state: UserState, data: UserData, item_rows: np.ndarray, low: float, high: float,
+    device: torch.device | None = None,
+) -> tuple[float, float, int]:
+    """(SSE, SAE, n) of the user's clipped predictions on its own test ratings."""
+    if data.test_items.size == 0 or data.train_items.size == 0:
+        return 0.0, 0.0, 0
+    device = device or torch.device("cpu")
+    model = model.to(device).eval()
+    train_x = torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, data.train_items)]).to(device)
+    query_x = torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, data.test_items)]).to(device)
+    batch = build_star_batch([data.train_items.size], [data.test_items.size], [state.neighbours.shape[0]]).to(device)
+    neigh_x = torch.from_numpy(state.neighbours).to(device)
+    with torch.no_grad():
+        _, pred = model(batch, torch.from_numpy(state.embedding[None, :]).to(device), train_x, query_x, neigh_x)
+    return squared_error_sum(pred.cpu().numpy(), data.test_values, low, high)
+
+
+class FedGNNUser:
+    """One user's device logic. `store` persists its UserState between rounds (the device's own state)."""
+
+    def __init__(self, cfg: AppConfig, meta: PartitionMeta, data: UserData, store, device: torch.device | None = None,
+                 model: RatingGNN | None = None):
+        self.cfg, self.meta, self.data, self.store = cfg, meta, data, store
+        self.device = device or torch.device("cpu")
+        self.model = model if model is not None else build_model(cfg.model, meta.scale.midpoint)
+        self.state: UserState = store.load(data.user) or init_user_state(cfg, meta, data)
+
+    @property
+    def user(self) -> int:
+        """The user's id (known to the recommendation server, which knows who its clients are)."""
+        return self.data.user
+
+    def _rows(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, np.float32)
+        if rows.shape != (self.state.anonymity_ids.size, self.cfg.model.dim):
+            raise ValueError(f"item rows have shape {rows.shape}, expected {(self.state.anonymity_ids.size, self.cfg.model.dim)}")
+        return rows
+
+    def register(self) -> np.ndarray:
+        """The anonymity set this user will upload rows for (item ids only; int32 halves the message)."""
+        self.store.save(self.user, self.state)
+        return self.state.anonymity_ids.astype(np.int32)
+
+    def expand(self, config, submit: bool, fetch: bool) -> int:
+        """Talk to the neighbour service directly: send embedding + keyed item tokens, get neighbours."""
+        client = NeighbourClient(str(config["nb_address"]), retries=int(config["nb_retries"]))
+        run_id = str(config["nb_run"])
+        if submit:
+            tokens = item_tokens(bytes(config["nb_key"]), self.data.train_items)
+            client.submit(run_id, self.state.handle, self.state.embedding, tokens)
+        if fetch:
+            self.state.neighbours = client.neighbours(run_id, self.state.handle).astype(np.float32)
+        self.store.save(self.user, self.state, int(config.get("round", 0)))
+        return int(self.state.neighbours.shape[0])
+
+    def train(self, weights: list[np.ndarray], rows: np.ndarray, server_round: int, config) -> list[np.ndarray]:
+        """One local step on the current global model; returns the protected upload [*grads, ids, rows]."""
+        if config.get("nb_refresh"):  # trainable expansion: fresh neighbour embeddings every round
+            self.expand(config, submit=True, fetch=True)
+        set_weights(self.model, weights)
+        rng = user_rng(self.cfg.seed, self.user, 1, server_round)
+        torch.manual_seed(int(rng.integers(2**62)))  # dropout masks: a function of (seed, user, round) too
+        grads, real_rows, new_emb, _ = local_gradients(self.cfg, self.model, self.state, self.data, self._rows(rows), rng, self.device)
+        self.state.embedding = new_emb.astype(np.float32)
+        self.store.save(self.user, self.state, server_round)
+        return build_upload(self.cfg, self.state, self.data, grads, real_rows, rng)
+
+    def evaluate(self, weights: list[np.ndarray], rows: np.ndarray) -> tuple[float, float, int]:
+        """(SSE, SAE, n) on the user's own test ratings."""
+        set_weights(self.model, weights)
+        return evaluate_user(self.model, self.state, self.data, self._rows(rows), self.meta.scale.low,
+                             self.meta.scale.high, self.device)

@@ -1,0 +1,157 @@
+"""One FPPDM domain without Flower: its user-item graph, Gaussian LightGCN, W2 metric-loss training and
+leave-one-out ranking evaluation. Needs only numpy, scipy and torch (GPU benchmarks drive it on
+machines without flwr); `clients.fppdm` wraps it in Flower's NumPyClient.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedrec_flwr.coclustering import co_cluster
+from fedrec_flwr.config import AppConfig
+from fedrec_flwr.data import Domain
+from fedrec_flwr.metrics import hit_ratio_at_k, ndcg_at_k, rank_of_positive, sample_negatives
+from fedrec_flwr.models.gaussian_gcn import GaussianLightGCN, normalised_adjacency, w2_squared
+
+
+class DomainData:
+    """A domain re-indexed locally: users 0..n-1 (with their global ids), items as given."""
+
+    def __init__(self, domain: Domain):
+        self.name = domain.name
+        self.num_items = domain.num_items
+        self.global_ids = np.unique(domain.train_users)
+        self.local_of = {int(g): i for i, g in enumerate(self.global_ids)}
+        self.users = np.searchsorted(self.global_ids, domain.train_users)
+        self.items = domain.train_items.astype(np.int64)
+        keep = np.isin(domain.test_users, self.global_ids)  # a test user needs training positives
+        self.test_users = np.searchsorted(self.global_ids, domain.test_users[keep])
+        self.test_items = domain.test_items[keep].astype(np.int64)
+        self.positives = [set() for _ in self.global_ids]
+        for u, i in zip(self.users, self.items):
+            self.positives[u].add(int(i))
+        self._pair_keys = np.unique(self.users * self.num_items + self.items)
+
+    @property
+    def num_users(self) -> int:
+        """Users with at least one training positive in this domain."""
+        return int(self.global_ids.size)
+
+    def is_positive(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """Vectorised membership test of (user, item) pairs in the training positives."""
+        keys = users * self.num_items + items
+        pos = np.searchsorted(self._pair_keys, keys)
+        pos = np.minimum(pos, self._pair_keys.size - 1)
+        return self._pair_keys[pos] == keys
+
+
+def sample_training_negatives(rng: np.random.Generator, data: DomainData, users: np.ndarray) -> np.ndarray:
+    """One uniformly drawn non-positive item per user (rejection sampling, vectorised)."""
+    neg = rng.integers(0, data.num_items, size=users.size)
+    bad = data.is_positive(users, neg)
+    while bad.any():
+        neg[bad] = rng.integers(0, data.num_items, size=int(bad.sum()))
+        bad = data.is_positive(users, neg)
+    return neg
+
+
+class DomainTrainer:
+    """The domain's model and its training/evaluation, independent of Flower."""
+
+    def __init__(self, cfg: AppConfig, data: DomainData, domain_index: int, device: torch.device | None = None):
+        self.cfg, self.data, self.f = cfg, data, cfg.fppdm
+        self.device = device or torch.device("cpu")
+        torch.manual_seed(cfg.seed * 1000 + domain_index)
+        adj = normalised_adjacency(data.num_users, data.num_items, data.users, data.items)
+        self.model = GaussianLightGCN(data.num_users, data.num_items, self.f.dim, self.f.layers, adj, self.f.gaussian).to(self.device)
+        self.domain_index = domain_index
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Model parameters, for the node's own state between rounds."""
+        return {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items() if k != "adj"}
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Restore parameters saved by `state()`."""
+        with torch.no_grad():
+            for k, v in arrays.items():
+                getattr(self.model, k).copy_(torch.from_numpy(v))
+
+    def user_distributions(self) -> tuple[np.ndarray, np.ndarray]:
+        """(mu, sigma) of the domain's users after propagation."""
+        with torch.no_grad():
+            mu, sigma = self.model()
+        n = self.data.num_users
+        return mu[:n].cpu().numpy(), sigma[:n].cpu().numpy()
+
+    def train(self, server_round: int, global_ids: np.ndarray, global_mu: np.ndarray, global_sigma: np.ndarray) -> float:
+        """`local_epochs` epochs of hinge(margin + W2(u,pos) - W2(u,neg)) + lambda_P W2(u, global u)
+        (+ lambda_C W2(u, its cluster) for FPPDM++)."""
+        d, f = self.data, self.f
+        rng = np.random.default_rng([self.cfg.seed, self.domain_index, server_round])
+        opt = torch.optim.Adam(self.model.parameters(), lr=f.lr)
+        has_global = np.zeros(d.num_users, bool)
+        g_mu = torch.zeros(d.num_users, f.dim, device=self.device)
+        g_sigma = torch.ones(d.num_users, f.dim, device=self.device)
+        if global_ids.size:
+            local = np.array([d.local_of.get(int(g), -1) for g in global_ids])
+            ok = local >= 0
+            has_global[local[ok]] = True
+            g_mu[torch.from_numpy(local[ok])] = torch.from_numpy(global_mu[ok]).to(self.device)
+            g_sigma[torch.from_numpy(local[ok])] = torch.from_numpy(global_sigma[ok]).to(self.device)
+        has_global_t = torch.from_numpy(has_global).to(self.device)
+        cluster_of = cluster_mu = cluster_sigma = None
+        if f.lambda_c > 0:  # FPPDM++: clusters from this round's starting distributions, fixed for the round
+            mu0, sigma0 = self.user_distributions()
+            cl = co_cluster(mu0, sigma0, f.clusters, f.knn, f.epsilon, f.eta, seed=self.cfg.seed + server_round)
+            cluster_of = torch.from_numpy(cl.hard()).to(self.device)
+            cluster_mu = torch.from_numpy(cl.mu).to(self.device)
+            cluster_sigma = torch.from_numpy(cl.sigma).to(self.device)
+        losses = []
+        for _ in range(f.local_epochs):
+            order = rng.permutation(d.users.size)
+            for start in range(0, order.size, f.batch_size):
+                idx = order[start : start + f.batch_size]
+                users, pos = d.users[idx], d.items[idx]
+                neg = sample_training_negatives(rng, d, users)
+                mu, sigma = self.model()
+                u = torch.from_numpy(users).to(self.device)
+                p = torch.from_numpy(pos + d.num_users).to(self.device)
+                q = torch.from_numpy(neg + d.num_users).to(self.device)
+                dp = w2_squared(mu[u], sigma[u], mu[p], sigma[p])
+                dn = w2_squared(mu[u], sigma[u], mu[q], sigma[q])
+                loss = torch.relu(f.margin + dp - dn).mean()
+                if has_global.any():
+                    w = has_global_t[u].float()
+                    loss = loss + f.lambda_p * (w * w2_squared(mu[u], sigma[u], g_mu[u], g_sigma[u])).sum() / w.sum().clamp(min=1)
+                if cluster_of is not None:
+                    c = cluster_of[u]
+                    loss = loss + f.lambda_c * w2_squared(mu[u], sigma[u], cluster_mu[c], cluster_sigma[c]).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        return float(np.mean(losses)) if losses else 0.0
+
+    def evaluate(self) -> dict[str, float]:
+        """HR@K and NDCG@K: each test positive ranked by -W2 against `negatives` sampled non-interacted items."""
+        d, f = self.data, self.f
+        if d.test_users.size == 0:
+            return {"n": 0}
+        with torch.no_grad():
+            mu, sigma = self.model()
+        mu, sigma = mu.cpu().numpy(), sigma.cpu().numpy()
+        rng = np.random.default_rng([self.cfg.seed, self.domain_index, 99])  # same negatives every evaluation
+        candidates = np.empty((d.test_users.size, f.negatives + 1), np.int64)
+        for row, (u, item) in enumerate(zip(d.test_users, d.test_items)):
+            candidates[row, 0] = item
+            candidates[row, 1:] = sample_negatives(rng, d.num_items, d.positives[u] | {int(item)}, f.negatives)
+        um, us = mu[d.test_users][:, None, :], sigma[d.test_users][:, None, :]
+        im, isg = mu[d.num_users + candidates], sigma[d.num_users + candidates]
+        scores = -(((um - im) ** 2).sum(-1) + ((us - isg) ** 2).sum(-1))
+        ranks = rank_of_positive(scores[:, 0], scores[:, 1:])
+        out: dict[str, float] = {"n": int(ranks.size)}
+        for k in f.topk:
+            out[f"hr@{k}"] = hit_ratio_at_k(ranks, k)
+            out[f"ndcg@{k}"] = ndcg_at_k(ranks, k)
+        return out

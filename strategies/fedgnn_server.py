@@ -1,0 +1,219 @@
+"""The FedGNN recommendation server without Flower: upload validation, pseudo-item gradient
+merging, the server optimiser step, round schedule and checkpoints.
+
+`strategies.fedgnn_merge.FedGNNStrategy` puts this behind Flower's Strategy API; GPU and
+sweep benchmarks drive it directly (it needs only numpy and torch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedrec_flwr.config import AppConfig
+from fedrec_flwr.fsutil import atomic_write
+from fedrec_flwr.models import build_model
+from fedrec_flwr.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, UploadRejected
+
+CHECKPOINT_FILE = "server.pt"
+
+
+def check_ids(ids: np.ndarray, num_items: int, min_rows: int) -> np.ndarray:
+    """An anonymity set, checked: 1-D integer, >= min_rows ids, in range, no duplicates."""
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise UploadRejected(f"item ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+    if ids.size < min_rows:
+        raise UploadRejected(f"upload has {ids.size} item rows, fewer than the required {min_rows}")
+    if ids.size and (ids.min() < 0 or ids.max() >= num_items):
+        raise UploadRejected(f"item id out of range [0, {num_items})")
+    if np.unique(ids).size != ids.size:
+        raise UploadRejected("duplicate item ids")
+    return ids.astype(np.int64)
+
+
+def validate_upload(
+    arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], dim: int, num_items: int, min_rows: int,
+    registered: np.ndarray | None,
+) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """Split and check one user's training upload: (model grads, item ids, item rows) or UploadRejected."""
+    n = len(model_shapes)
+    if len(arrays) != n + 2:
+        raise UploadRejected(f"expected {n + 2} arrays (model grads, ids, rows), got {len(arrays)}")
+    grads = []
+    for i, (a, shape) in enumerate(zip(arrays[:n], model_shapes)):
+        a = np.asarray(a)
+        if a.shape != shape:
+            raise UploadRejected(f"model gradient {i} has shape {a.shape}, expected {shape}")
+        if not np.issubdtype(a.dtype, np.floating) or not np.isfinite(a).all():
+            raise UploadRejected(f"model gradient {i} has NaN/Inf or a non-float dtype")
+        grads.append(a.astype(np.float32))
+    ids = check_ids(arrays[n], num_items, min_rows)
+    rows = np.asarray(arrays[n + 1])
+    if rows.shape != (ids.size, dim):
+        raise UploadRejected(f"item rows have shape {rows.shape}, expected {(ids.size, dim)}")
+    if not np.issubdtype(rows.dtype, np.floating) or not np.isfinite(rows).all():
+        raise UploadRejected("item rows have NaN/Inf or a non-float dtype")
+    if registered is not None and not np.array_equal(ids, registered):
+        raise UploadRejected("item ids differ from the anonymity set the client registered")
+    return grads, ids, rows.astype(np.float32)
+
+
+def merge_item_gradients(
+    uploads: list[tuple[np.ndarray, np.ndarray]], num_items: int, dim: int, normalise: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(touched ids, merged rows): per-item sum divided by |S| ("clients") or by its count ("count")."""
+    total = torch.zeros((num_items, dim), dtype=torch.float64)
+    count = np.zeros(num_items, np.int64)
+    for ids, rows in uploads:  # ids are unique within an upload (validated)
+        total.index_add_(0, torch.from_numpy(ids), torch.from_numpy(rows).double())
+        count[ids] += 1
+    total = total.numpy()
+    touched = np.flatnonzero(count)
+    denom = count[touched][:, None] if normalise == "count" else max(len(uploads), 1)
+    return touched, (total[touched] / denom).astype(np.float32)
+
+
+def round_schedule(cfg: AppConfig, num_users: int) -> list[str]:
+    """Phase of every logical round: register, training rounds, and (once, after T epochs) expansion.
+
+    One epoch is ceil(users / clients_per_round) training rounds. Expansion is two rounds in which
+    every user first submits to the neighbour service, then fetches its neighbours.
+    """
+    rounds = cfg.federation.rounds
+    phases = [PHASE_REGISTER] + [PHASE_TRAIN] * rounds
+    if cfg.expansion.mode != "none":
+        per_epoch = -(-num_users // cfg.federation.clients_per_round)
+        after = cfg.expansion.epoch * per_epoch
+        if after >= rounds:
+            raise ValueError(
+                f"expansion.epoch = {cfg.expansion.epoch} puts graph expansion after training round {after}, "
+                f"but federation.rounds = {rounds}; lower the epoch or add rounds"
+            )
+        phases[1 + after : 1 + after] = [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH]
+    return phases
+
+
+def sample_users(seed: int, logical_round: int, users: list[int], k: int) -> list[int]:
+    """The users trained in a round: a seeded sample of the sorted registered users (node ids play no part)."""
+    ordered = sorted(users)
+    rng = np.random.default_rng([seed, logical_round])
+    return sorted(ordered[i] for i in rng.choice(len(ordered), size=min(k, len(ordered)), replace=False))
+
+
+def eval_users(seed: int, users: list[int], fraction: float) -> list[int]:
+    """The users that evaluate: all, or a fixed seeded sample (the same every evaluation round)."""
+    ordered = sorted(users)
+    if fraction >= 1.0:
+        return ordered
+    k = max(1, int(round(fraction * len(ordered))))
+    rng = np.random.default_rng([seed, 4099])
+    return sorted(ordered[i] for i in rng.choice(len(ordered), size=k, replace=False))
+
+
+@dataclass
+class TrainUpdate:
+    """One user's validated training upload."""
+
+    grads: list[np.ndarray]
+    ids: np.ndarray
+    rows: np.ndarray
+
+
+class FedGNNServer:
+    """What the recommendation server holds and does: model, item table, optimisers, registry."""
+
+    def __init__(self, cfg: AppConfig, num_items: int, bias_init: float, device: torch.device | None = None):
+        self.cfg, self.num_items = cfg, num_items
+        self.device = device or torch.device("cpu")
+        torch.manual_seed(cfg.seed)
+        gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.model = build_model(cfg.model, bias_init).to(self.device)
+        self.items = torch.nn.Parameter((torch.randn(num_items, cfg.model.dim, generator=gen) * 0.1).to(self.device))
+        params = list(self.model.parameters())
+        so = cfg.server_opt
+        if so.name == "adam":
+            self.model_opt = torch.optim.Adam(params, lr=so.lr)
+            self.item_opt = torch.optim.SparseAdam([self.items], lr=so.lr)
+        else:
+            self.model_opt = torch.optim.SGD(params, lr=so.lr, momentum=so.momentum)
+            self.item_opt = torch.optim.SGD([self.items], lr=so.lr)
+        self.model_shapes = [tuple(p.shape) for p in params]
+        self.registry: dict[int, np.ndarray] = {}  # user id -> its anonymity set (int32 to halve memory)
+
+    # -- what goes out ---------------------------------------------------------------
+    def model_weights(self) -> list[np.ndarray]:
+        """Current model weights as numpy arrays (copied)."""
+        return [p.detach().cpu().numpy().copy() for p in self.model.parameters()]
+
+    def rows_for(self, user: int) -> np.ndarray:
+        """Global embeddings of the user's anonymity set, in ascending id order."""
+        ids = torch.from_numpy(self.registry[user].astype(np.int64)).to(self.device)
+        return self.items.detach()[ids].cpu().numpy()
+
+    def min_rows(self) -> int:
+        """Rows every upload must carry: M, or the whole catalogue when it has fewer than M items."""
+        return min(self.cfg.privacy.pseudo_items, self.num_items)
+
+    # -- what comes in ---------------------------------------------------------------
+    def register(self, user: int, ids: np.ndarray) -> None:
+        """Record a user's anonymity set after checking it."""
+        self.registry[user] = check_ids(ids, self.num_items, self.min_rows()).astype(np.int32)
+
+    def validate(self, user: int, arrays: list[np.ndarray]) -> TrainUpdate:
+        """One user's upload checked against the model shapes and its registered set."""
+        registered = self.registry.get(user)
+        if registered is None:
+            raise UploadRejected(f"user {user} is not registered")
+        grads, ids, rows = validate_upload(arrays, self.model_shapes, self.cfg.model.dim, self.num_items,
+                                           self.min_rows(), registered.astype(np.int64))
+        return TrainUpdate(grads, ids, rows)
+
+    def apply(self, updates: list[TrainUpdate]) -> None:
+        """Average model gradients over |S|, merge item rows by id, step the server optimisers."""
+        s = len(updates)
+        self.model_opt.zero_grad()
+        for i, p in enumerate(self.model.parameters()):
+            mean = np.asarray(sum(u.grads[i] for u in updates) / s, np.float32)
+            p.grad = torch.from_numpy(mean).reshape(p.shape).to(self.device)
+        self.model_opt.step()
+        center = self.cfg.federation.center_uploads
+        uploads = [(u.ids, u.rows - u.rows.mean(0) if center else u.rows) for u in updates]
+        ids, rows = merge_item_gradients(uploads, self.num_items, self.cfg.model.dim, self.cfg.federation.item_merge)
+        self.item_opt.zero_grad()
+        index = torch.from_numpy(ids)[None, :].to(self.device)
+        grad = torch.sparse_coo_tensor(index, torch.from_numpy(rows).to(self.device), self.items.shape)
+        self.items.grad = grad.coalesce() if isinstance(self.item_opt, torch.optim.SparseAdam) else grad.to_dense()
+        self.item_opt.step()
+
+    # -- checkpoints -----------------------------------------------------------------
+    def save_checkpoint(self, folder: Path, extra: dict) -> Path:
+        """Write model, item table, optimiser and RNG state plus `extra` atomically to folder/server.pt."""
+        import io
+
+        buf = io.BytesIO()
+        torch.save({
+            "model": self.model.state_dict(), "items": self.items.detach().cpu(),
+            "model_opt": self.model_opt.state_dict(), "item_opt": self.item_opt.state_dict(),
+            "torch_rng": torch.get_rng_state(), **extra,
+        }, buf)
+        return atomic_write(Path(folder) / CHECKPOINT_FILE, buf.getvalue())
+
+    def read_checkpoint(self, folder: Path) -> dict:
+        """The checkpoint in `folder` (not yet applied), or FileNotFoundError naming the path."""
+        path = Path(folder) / CHECKPOINT_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint.resume is set but there is no checkpoint at {path}")
+        return torch.load(path, map_location=self.device, weights_only=False)
+
+    def restore(self, ckpt: dict) -> None:
+        """Put the server back in the state `save_checkpoint` recorded."""
+        self.model.load_state_dict(ckpt["model"])
+        with torch.no_grad():
+            self.items.copy_(ckpt["items"].to(self.device))
+        self.model_opt.load_state_dict(ckpt["model_opt"])
+        self.item_opt.load_state_dict(ckpt["item_opt"])
+        torch.set_rng_state(ckpt["torch_rng"])

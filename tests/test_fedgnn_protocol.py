@@ -1,0 +1,133 @@
+"""FedGNN protocol invariants: user multiplexing, node/user binding, determinism, resume, failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import RecordDict
+from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+
+from clients.fedgnn import FedGNNClient
+from clients.user_store import NodeStateStore, UserStateFiles
+from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.results import RunRecorder
+from inprocess import OK, Manager, Proxy, drive
+from strategies.fedgnn_merge import FedGNNStrategy
+
+SMALL = ("federation.rounds=6", "federation.clients_per_round=12", "federation.eval_every=3", "model.dropout=0.2")
+
+
+def _nodes(cfg, parts, per_node: int, first_id: int, files_root=None) -> dict:
+    """Node id -> client hosting `per_node` consecutive users; node ids start at `first_id` (arbitrary)."""
+    n = parts.meta.num_users
+    nodes = {}
+    for k, start in enumerate(range(0, n, per_node)):
+        files = UserStateFiles(files_root) if files_root else None
+        users = list(range(start, min(start + per_node, n)))
+        nodes[first_id + 7919 * k] = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict(), files))
+    return nodes
+
+
+def _run(cfg, per_node: int, first_id: int = 10**6, **kw) -> FedGNNStrategy:
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint,
+                              RunRecorder(cfg.output_dir, "fedgnn", "synthetic", {}), parts.meta.num_users)
+    drive(strategy, _nodes(cfg, parts, per_node, first_id, **kw))
+    return strategy
+
+
+def test_multiplexed_users_train_exactly_as_one_node_per_user(tiny_cfg):
+    """Users sharing a node keep their own state and randomness: same numbers as one node each,
+    whatever the node ids are (sampling goes by user id)."""
+    cfg = tiny_cfg(*SMALL)
+    one = _run(cfg, per_node=1, first_id=5)
+    many = _run(cfg, per_node=7, first_id=123456)
+    assert one.final["rmse"] == pytest.approx(many.final["rmse"], abs=1e-6)
+    for a, b in zip(one.model_weights(), many.model_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    train = [r for r in many.recorder.doc["rounds"] if r.get("phase") == "train"]
+    assert all(r["clients"] == 12 and r["accepted"] == 12 for r in train)
+    assert many.recorder.doc["rounds"][0]["nodes"] == -(-60 // 7)
+
+
+def test_upload_for_a_user_the_node_does_not_host_is_rejected(tiny_cfg):
+    cfg = tiny_cfg(*SMALL)
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users)
+    nodes = _nodes(cfg, parts, 30, 1)
+    honest, other = list(nodes)
+    drive(strategy, nodes, last_round=1)  # registration
+    before = strategy.model_weights()
+    proxy, fit_ins = strategy.configure_fit(2, None, Manager(nodes))[0]
+    node = proxy.node_id
+    arrays, n, m = nodes[node].fit(parameters_to_ndarrays(fit_ins.parameters), fit_ins.config)
+    liar = other if node == honest else honest  # the same upload, sent by a node that does not host those users
+    strategy.aggregate_fit(2, [(Proxy(liar), FitRes(OK, ndarrays_to_parameters(arrays), n, m))], [])
+    reasons = [why for _, why in strategy.rejections]
+    assert len(reasons) == len(arrays[0]) and all("is not hosted by this node" in r for r in reasons)
+    for a, b in zip(before, strategy.model_weights()):
+        np.testing.assert_array_equal(a, b)  # nothing averaged in
+
+
+def test_a_user_claimed_by_two_nodes_is_refused(tiny_cfg):
+    cfg = tiny_cfg(*SMALL)
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users)
+    nodes = _nodes(cfg, parts, 60, 1)
+    nodes[2] = FedGNNClient(cfg, parts.meta, [0, 1], parts.user, NodeStateStore(RecordDict()))  # impostor
+    drive(strategy, nodes, last_round=1)
+    assert strategy.user_node[0] in (1, 2) and len(strategy.server.registry) == 60
+    assert any("already registered by another node" in why for _, why in strategy.rejections)
+
+
+def test_killed_and_resumed_run_ends_with_the_uninterrupted_metrics(tiny_cfg, tmp_path):
+    """Kill after Flower round 5 (checkpoint at training round 4), resume on fresh nodes with new ids."""
+    base = (*SMALL, "checkpoint.every=2")
+    clean = _run(tiny_cfg(*base, f"output_dir={tmp_path / 'clean'}"), 5, files_root=tmp_path / "clean-devices")
+    cfg = tiny_cfg(*base, f"output_dir={tmp_path / 'killed'}")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    first = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, RunRecorder(cfg.output_dir, "fedgnn", "s", {}), meta.num_users)
+    devices = tmp_path / "devices"
+    drive(first, _nodes(cfg, parts, 5, 1, devices), last_round=6)  # register + 5 training rounds, then "killed"
+    assert first.last_checkpoint == 5  # logical round 5 = training round 4
+    resumed_cfg = tiny_cfg(*base, f"output_dir={tmp_path / 'killed'}", "checkpoint.resume=true")
+    second = FedGNNStrategy(resumed_cfg, meta.num_items, meta.scale.midpoint,
+                            RunRecorder(resumed_cfg.output_dir, "fedgnn", "s", {}), meta.num_users)
+    assert second.num_rounds == 1 + 2  # re-registration + training rounds 5 and 6
+    drive(second, _nodes(resumed_cfg, parts, 5, 999, devices))  # new processes: node state starts empty
+    assert second.final["rmse"] == pytest.approx(clean.final["rmse"], abs=1e-6)
+    for a, b in zip(clean.model_weights(), second.model_weights()):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    rounds = [r["round"] for r in second.recorder.doc["rounds"] if r.get("phase") == "train"]
+    assert rounds == [2, 3, 4, 5, 6, 7]  # history of the killed run, then the resumed rounds
+
+
+def test_resume_refuses_a_checkpoint_from_another_config(tiny_cfg, tmp_path):
+    _run(tiny_cfg(*SMALL, "checkpoint.every=3", f"output_dir={tmp_path}"), 30, files_root=tmp_path / "dev")
+    cfg = tiny_cfg(*SMALL, "checkpoint.every=3", f"output_dir={tmp_path}", "checkpoint.resume=true", "model.dim=8")
+    with pytest.raises(ValueError, match="different config .*'model'"):
+        FedGNNStrategy(cfg, 80, 3.0, None, 60)
+
+
+def test_injected_crashes_and_malformed_uploads_do_not_stop_training(tiny_cfg):
+    cfg = tiny_cfg(*SMALL, "faults.crash=0.2", "faults.malformed=0.1")
+    strategy = _run(cfg, per_node=1)
+    train = [r for r in strategy.recorder.doc["rounds"] if r.get("phase") == "train"]
+    assert len(train) == 6 and np.isfinite(strategy.final["rmse"])
+    failures = sum(r["failures"] for r in train)
+    nan_rejections = [w for _, w in strategy.rejections if "NaN" in w]
+    assert failures > 0 and nan_rejections  # both kinds happened and were logged
+    assert all(r["accepted"] + r["rejected"] <= 12 for r in train)  # failures are counted among the rejected
+    assert all(r["applied"] == (r["accepted"] >= cfg.federation.min_clients) for r in train)
+
+
+def test_min_clients_policy_keeps_the_model_when_too_few_updates_arrive(tiny_cfg):
+    cfg = tiny_cfg(*SMALL, "faults.crash=1.0")  # every sampled node crashes
+    strategy = _run(cfg, per_node=4)
+    train = [r for r in strategy.recorder.doc["rounds"] if r.get("phase") == "train"]
+    assert all(not r["applied"] and r["accepted"] == 0 and r["failures"] > 0 for r in train)
+    meta = UserPartitions(prepare_partitions(cfg.data)).meta
+    untouched = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, None, meta.num_users)
+    for a, b in zip(untouched.model_weights(), strategy.model_weights()):
+        np.testing.assert_array_equal(a, b)
