@@ -11,7 +11,7 @@ NUM_SUPERNODES ?= 300
 RUN_CONFIG ?=
 FLWR_PATHS := data-dir='$(CURDIR)/data' cache-dir='$(CURDIR)/.cache/fedrec' output-dir='$(CURDIR)/outputs/latest'
 
-.PHONY: install run test bench plot clean stop-superlink
+.PHONY: install run test deploy-test bench plot clean stop-superlink
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,11 @@ run: install
 
 test: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 $(BIN)/python -m pytest
+
+# A real deployment on loopback: SuperLink with TLS + SuperNode auth, one SuperNode per user / domain,
+# the neighbour service, 2 rounds of FedGNN and of FPPDM through `flwr run` (about 6 minutes).
+deploy-test: install
+	PATH="$(CURDIR)/$(BIN):$$PATH" FEDREC_DEPLOY_TEST=1 $(BIN)/python -m pytest tests/test_deploy.py
 
 bench: install
 	$(BIN)/python -m benchmarks.run --preset fedgnn --dataset ml-100k --data-dir ../shared/data --out outputs/bench-ml100k --centralized

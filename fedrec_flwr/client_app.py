@@ -16,6 +16,7 @@ from clients.fppdm import FPPDMDomainClient
 from clients.user_store import DomainStateStore, NodeStateStore, UserStateFiles
 from fedrec_flwr.config import AppConfig, from_run_config
 from fedrec_flwr.data import MultiDomainDataset, UserPartitions, load_multidomain, prepare_partitions
+from fedrec_flwr.node_data import load_domain_file, load_user_file
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,8 @@ def client_fn(context: Context):
     if cfg.algorithm == "trivial":
         return TrivialClient().to_client()
     device = client_device(cfg)
+    if context.node_config.get("data-path"):  # deployment: this node's own file, nothing else
+        return _deployed_client(cfg, context, device)
     if cfg.algorithm == "fppdm":
         index = user_of(context.node_config)
         domains = _multidomain(key).domains
@@ -96,6 +99,16 @@ def client_fn(context: Context):
     users = users_of(context.node_config, cfg.simulation.users_per_node, parts.meta.num_users)
     store = NodeStateStore(context.state, state_files(cfg, context.node_config))
     return FedGNNClient(cfg, parts.meta, users, parts.user, store, device).to_client()
+
+
+def _deployed_client(cfg: AppConfig, context: Context, device: torch.device):
+    path = str(context.node_config["data-path"])
+    if cfg.algorithm == "fppdm":
+        index, domain = load_domain_file(path)
+        return FPPDMDomainClient(cfg, domain, index, DomainStateStore(context.state), device).to_client()
+    meta, data = load_user_file(path)
+    store = NodeStateStore(context.state, state_files(cfg, context.node_config))
+    return FedGNNClient(cfg, meta, [data.user], lambda u: data, store, device).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

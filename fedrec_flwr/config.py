@@ -44,6 +44,7 @@ class DataConfig:
     data_dir: str = "data"
     cache_dir: str = ".cache/fedrec"
     download: bool = False
+    catalogue: str = ""  # deployment: the server reads dataset facts from this file, never the ratings
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -86,6 +87,8 @@ class FederationConfig:
     item_merge: str = "clients"  # "clients": divide by |S| (paper); "count": per-item count
     loss: str = "mean"  # uploaded gradients of the "mean" or "sum" of squared errors over the mini-batch
     round_timeout: float = 0.0  # seconds a round waits for replies (0: no limit); late clients count as failures
+    min_nodes: int = 0  # FedGNN registration waits for this many SuperNodes (deployment: devices connect over time)
+    node_wait_seconds: float = 300.0  # how long round 1 waits for the expected SuperNodes before failing
     eval_fraction: float = 1.0  # share of users (seeded sample) that evaluate; 1.0: every user
 
 

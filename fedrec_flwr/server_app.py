@@ -10,6 +10,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fedrec_flwr.config import from_run_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
+from fedrec_flwr.node_data import load_catalogue
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key
 from fedrec_flwr.neighbours.process import start_local_service
 from fedrec_flwr.results import RunRecorder
@@ -28,8 +29,10 @@ def server_fn(context: Context) -> ServerAppComponents:
         return _trivial_components(cfg)
     if cfg.algorithm == "fppdm":
         return _fppdm_components(cfg)
-    parts = UserPartitions(prepare_partitions(cfg.data))
-    meta = parts.meta
+    if cfg.data.catalogue:  # deployment: public dataset facts only, the ratings stay on the devices
+        meta = load_catalogue(cfg.data.catalogue)["meta"]
+    else:
+        meta = UserPartitions(prepare_partitions(cfg.data)).meta
     print(f"[fedgnn] dataset {meta.dataset}: {meta.num_users} users, {meta.num_items} items, "
           f"{meta.num_train} train / {meta.num_test} test ratings; output {cfg.output_dir}", flush=True)
     recorder = RunRecorder(cfg.output_dir, cfg.algorithm, meta.dataset, to_dict(cfg))
@@ -53,11 +56,16 @@ def _expansion_link(cfg, num_items: int) -> ExpansionLink:
 
 def _fppdm_components(cfg) -> ServerAppComponents:
     """FPPDM: one SuperNode per domain, Wasserstein barycenter of the shared users."""
-    ds = load_multidomain(cfg.data)
-    print(f"[fppdm] dataset {ds.name}: {len(ds.domains)} domains ({', '.join(d.name for d in ds.domains)}), "
-          f"{ds.num_users} user ids; output {cfg.output_dir}", flush=True)
-    recorder = RunRecorder(cfg.output_dir, cfg.algorithm, ds.name, to_dict(cfg))
-    strategy = WassersteinBarycenterStrategy(cfg, ds.num_users, len(ds.domains), recorder)
+    if cfg.data.catalogue:  # deployment: the server never loads a domain's interactions
+        cat = load_catalogue(cfg.data.catalogue)
+        name, num_users, domains = cat["dataset"], int(cat["num_users"]), list(cat["domains"])
+    else:
+        ds = load_multidomain(cfg.data)
+        name, num_users, domains = ds.name, ds.num_users, [d.name for d in ds.domains]
+    print(f"[fppdm] dataset {name}: {len(domains)} domains ({', '.join(domains)}), "
+          f"{num_users} user ids; output {cfg.output_dir}", flush=True)
+    recorder = RunRecorder(cfg.output_dir, cfg.algorithm, name, to_dict(cfg))
+    strategy = WassersteinBarycenterStrategy(cfg, num_users, len(domains), recorder)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.federation.rounds))
 
 

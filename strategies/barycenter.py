@@ -23,6 +23,13 @@ from fedrec_flwr.protocol import UploadRejected, array_bytes
 from fedrec_flwr.secure_barycenter import per_user_ciphertexts, sum_encrypted
 from fedrec_flwr.results import RunRecorder, report_round
 
+def wait_for_nodes(client_manager, count: int, timeout: float) -> None:
+    """Block until `count` nodes are connected; RuntimeError naming the shortfall after `timeout` seconds."""
+    if count > 0 and len(client_manager.all()) < count and not client_manager.wait_for(count, timeout=int(timeout)):
+        raise RuntimeError(f"only {len(client_manager.all())} of the {count} expected SuperNodes connected "
+                           f"within {timeout:.0f}s (federation.node_wait_seconds)")
+
+
 log = logging.getLogger("fedrec_flwr.fppdm")
 
 
@@ -97,6 +104,8 @@ class WassersteinBarycenterStrategy(FedAvg):
     def configure_fit(self, server_round, parameters, client_manager):
         """Every domain trains every round, towards the global distributions of its own users."""
         self._t0 = time.time()
+        if server_round == 1:  # deployment: domains connect in their own time; wait for all of them
+            wait_for_nodes(client_manager, self.num_domains, self.cfg.federation.node_wait_seconds)
         clients = list(client_manager.all().values())
         return [(c, FitIns(ndarrays_to_parameters(self._for_domain(c.node_id)), {"round": server_round})) for c in clients]
 

@@ -32,6 +32,7 @@ from fedrec_flwr.protocol import (
     frame_download, split_upload,
 )
 from fedrec_flwr.results import RunRecorder, report_round
+from strategies.barycenter import wait_for_nodes
 from strategies.fedgnn_server import (  # noqa: F401  (re-exported: the strategy's public helpers)
     FedGNNServer, TrainUpdate, check_ids, eval_users, merge_item_gradients, round_schedule, sample_users,
     validate_upload,
@@ -181,6 +182,7 @@ class FedGNNStrategy(FedAvg):
         phase = self.phase(server_round)
         config = self._base_config(server_round)
         if phase == PHASE_REGISTER:
+            wait_for_nodes(client_manager, self.cfg.federation.min_nodes, self.cfg.federation.node_wait_seconds)
             self.bytes_down = 0.0
             ins = FitIns(ndarrays_to_parameters([]), config)
             return [(c, ins) for c in client_manager.all().values()]
@@ -324,6 +326,10 @@ class FedGNNStrategy(FedAvg):
         sae = sum(float(r.metrics.get("sae", 0.0)) for _, r in results)
         n = sum(int(r.metrics.get("n", 0)) for _, r in results)
         if n == 0:
+            log.warning("round %d: no test ratings among the %d evaluating nodes (%d failed)",
+                        self.logical(server_round), len(results), len(failures))
+            if server_round == self.num_rounds:
+                self.finish()
             return None, {}
         metrics = {"rmse": float(np.sqrt(sse / n)), "mae": sae / n, "eval_ratings": n, "eval_failures": len(failures)}
         self.final = {"rmse": metrics["rmse"], "mae": metrics["mae"]}

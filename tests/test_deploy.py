@@ -1,0 +1,39 @@
+"""The deployment test: a real SuperLink with TLS and SuperNode auth, SuperNodes, the neighbour service.
+
+About 6 minutes, so it runs under `make deploy-test` (FEDREC_DEPLOY_TEST=1), which CI calls
+after the main suite; plain `make test` skips it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.skipif(os.environ.get("FEDREC_DEPLOY_TEST") != "1", reason="deployment test: run `make deploy-test`")
+def test_fedgnn_and_fppdm_on_a_real_superlink_with_authenticated_supernodes(tmp_path):
+    work = tmp_path / "deploy"
+    proc = subprocess.run([sys.executable, str(ROOT / "deploy" / "run_local.py"), "--work", str(work)],
+                          capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((work / "summary.json").read_text())
+    for algorithm in ("fedgnn", "fppdm"):
+        s = summary[algorithm]
+        doc = json.loads(Path(s["results_file"]).read_text())
+        train = [r for r in doc["rounds"] if r.get("phase") == "train"]
+        assert doc["status"] == "finished" and len(train) == 2, algorithm
+        assert s["rogue_node_refused"], s["rogue_log_tail"]  # an unregistered key cannot join
+    fedgnn = json.loads(Path(summary["fedgnn"]["results_file"]).read_text())
+    phases = [r.get("phase") for r in fedgnn["rounds"]]
+    assert "expand-fetch" in phases and 0 < fedgnn["final"]["rmse"] < 4
+    assert fedgnn["rounds"][0]["accepted"] == 4  # the four registered devices, not the rogue one
+    assert any("NaN" in r["reason"] for r in fedgnn["rejections"])  # a malformed upload was rejected, not averaged
+    fppdm = json.loads(Path(summary["fppdm"]["results_file"]).read_text())
+    assert fppdm["rounds"][0]["clients"] == 3 and 0 <= fppdm["final"]["hr@10"] <= 1
