@@ -66,6 +66,21 @@ class DomainTrainer:
         adj = normalised_adjacency(data.num_users, data.num_items, data.users, data.items)
         self.model = GaussianLightGCN(data.num_users, data.num_items, self.f.dim, self.f.layers, adj, self.f.gaussian).to(self.device)
         self.domain_index = domain_index
+        if self.f.shared_user_init:
+            self._init_users_by_global_id()
+
+    def _init_users_by_global_id(self) -> None:
+        """Start each user's parameters from a draw seeded by (run seed, global user id): every domain
+        holding a user starts it at the same point, as if the server had sent one initial global
+        model, so the domains' user spaces start aligned and their barycenter is meaningful."""
+        mu = np.empty((self.data.num_users, self.f.dim), np.float32)
+        sigma = np.empty_like(mu)
+        for i, g in enumerate(self.data.global_ids):
+            draw = np.random.default_rng([self.cfg.seed, 31, int(g)]).standard_normal((2, self.f.dim)) * 0.1
+            mu[i], sigma[i] = draw
+        with torch.no_grad():
+            self.model.mu[: self.data.num_users] = torch.from_numpy(mu).to(self.device)
+            self.model.sigma_raw[: self.data.num_users] = torch.from_numpy(sigma).to(self.device)
 
     def state(self) -> dict[str, np.ndarray]:
         """Model parameters, for the node's own state between rounds."""

@@ -151,7 +151,7 @@ def deploy_and_run(algorithm: str, work: Path, rounds: int, nodes: int) -> dict:
             dep.start(f"{algorithm}-supernode-{i}", [
                 str(BIN / "flower-supernode"), "--root-certificates", str(certs / "ca.crt"),
                 "--superlink", f"127.0.0.1:{port}", "--auth-supernode-private-key", str(certs / f"node-{i}"),
-                "--auth-supernode-public-key", str(certs / f"node-{i}.pub"), "--node-config", node_config,
+                "--node-config", node_config,
                 "--port", str(free_port()), "--max-retries", "3", "--max-wait-time", "30",
             ])
         out = work / f"out-{algorithm}"
@@ -163,8 +163,9 @@ def deploy_and_run(algorithm: str, work: Path, rounds: int, nodes: int) -> dict:
         if results.get("status") != "finished":
             raise DeployError(f"{algorithm} run did not finish: {out / 'results.json'}")
         rogue_log = dep.log(f"{algorithm}-supernode-{nodes}")
-        refused = ("not registered" in rogue_log.lower() or "unauthenticated" in rogue_log.lower()
-                   or "permission" in rogue_log.lower() or "denied" in rogue_log.lower())
+        link_log = dep.log(f"{algorithm}-superlink")
+        refused = ("Failed to activate SuperNode" in rogue_log
+                   and "No SuperNode found with the given public key" in link_log)
         listing = dep.run("listing SuperNodes", [str(BIN / "flwr"), "supernode", "list", "deploy", "--format", "json"])
         results["deploy"] = {"rogue_node_refused": refused, "rogue_log_tail": rogue_log[-600:],
                              "supernode_list": listing[-3000:], "results_file": str(out / "results.json")}

@@ -174,6 +174,7 @@ class FPPDMConfig:
     key_bits: int = 2048
     gaussian: bool = True  # false: point embeddings (sigma = 0, W2 becomes Euclidean): the LightGCN baseline
     aggregate: bool = True  # false: every domain trains alone (the single-domain baseline)
+    shared_user_init: bool = False  # users start from a draw seeded by their global id in every domain
 
 
 @dataclass
