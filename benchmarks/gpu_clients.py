@@ -3,7 +3,7 @@
     python -m benchmarks.gpu_clients [--devices cpu cuda] [--users 2000] [--rounds 4]
 
 FedGNN: `benchmarks.direct.run_direct` (FedGNNUser + FedGNNServer, paper preset, privacy on)
-on synthetic data shaped like ML-10M (10,677 items, ~143 ratings per user), 128 users per
+on synthetic data shaped like ML-10M (10,677 items, ~144 ratings per user), 128 users per
 round; clients/s = users trained per second of round time (median over rounds after the
 first). FPPDM: seconds per local epoch of one DomainTrainer on a synthetic domain.
 Needs only torch, torch-geometric and the project's own pure-Python dependencies, so it runs
@@ -34,7 +34,7 @@ def fedgnn_clients_per_second(device: torch.device, users: int, rounds: int, cac
     """Median clients/s of FedGNN training rounds with users and server on `device`."""
     cfg = load_config("fedgnn", "synthetic", [
         f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", "data.synthetic.num_items=10677",
-        "data.synthetic.mean_degree=143", f"federation.rounds={rounds}", f"federation.eval_every={rounds}", *overrides,
+        "data.synthetic.mean_degree=180", f"federation.rounds={rounds}", f"federation.eval_every={rounds}", *overrides,
     ])
     out = run_direct(cfg, device, log_every=0, server_device=device)
     secs = [h["round_seconds"] for h in out["history"]][1:] or [out["median_round_seconds"]]
