@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..fsutil import atomic_write
+from ..progress import Progress
 from .types import DataError
 
 
@@ -36,7 +37,14 @@ def sha256_of(path: Path) -> str:
 def _fetch(url: str, timeout: float) -> bytes:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (http/https only, checked below)
-            return resp.read()
+            total = int(resp.headers.get("Content-Length") or 0)
+            progress = Progress(total or 1, f"downloading {url} (bytes)")
+            chunks = []
+            for chunk in iter(lambda: resp.read(1 << 20), b""):
+                chunks.append(chunk)
+                progress.update(len(chunk))
+            progress.close()
+            return b"".join(chunks)
     except (urllib.error.URLError, OSError) as exc:
         raise DataError(f"download of {url} failed: {exc}") from exc
 
