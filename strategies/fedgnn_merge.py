@@ -303,7 +303,9 @@ class FedGNNStrategy(FedAvg):
 
     def _is_eval_round(self, server_round: int) -> bool:
         if self.phase(server_round) != PHASE_TRAIN:
-            return False
+            # a run resumed from its last training round (killed during the final evaluation) only
+            # re-registers the users, then evaluates
+            return self.resumed_from >= 0 and server_round == self.num_rounds and self.train_rounds_done > 0
         r = self.train_rounds_done
         return r > 0 and (r % self.cfg.federation.eval_every == 0 or server_round == self.num_rounds)
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,3 +94,49 @@ def test_flwr_run_fppdm_with_paillier_secure_aggregation(tmp_path, capsys):
     assert min(up(secure)) > max(up(plain))  # ciphertexts, not floats, went to the server
     # fixed-point encryption changes the barycenters by < 2^-16: the rankings end (almost) the same
     assert abs(secure["final"]["hr@10"] - plain["final"]["hr@10"]) <= 0.02
+
+
+def _simulation_pids() -> set[int]:
+    found = subprocess.run(["pgrep", "-f", "bin/flwr-simulation"], capture_output=True, text=True).stdout.split()
+    return {int(p) for p in found}
+
+
+@needs_superlink
+def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(tmp_path):
+    """SIGKILL the ServerApp's process after a checkpoint, rerun with checkpoint.resume=true: same final RMSE."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    common = ["--preset", "fedgnn", "--dataset", "synthetic", "--cache-dir", str(tmp_path / "cache"), "--set",
+              "data.synthetic.num_users=40", "data.synthetic.num_items=60", "data.synthetic.mean_degree=10",
+              "model.dim=16", "privacy.pseudo_items=20", "federation.rounds=12", "federation.clients_per_round=8",
+              "federation.eval_every=12", "checkpoint.every=2"]
+
+    def job(out, *extra):
+        return [sys.executable, "-m", "benchmarks.run", "--out", str(out), *common, *extra]
+
+    assert subprocess.run(job(tmp_path / "clean"), cwd=root, env=env, capture_output=True).returncode == 0
+    killed = tmp_path / "killed"
+    before = _simulation_pids()
+    log = tmp_path / "killed.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(job(killed), cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        deadline = time.time() + 300
+        while not (killed / "checkpoint" / "server.pt").is_file():
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+        for pid in _simulation_pids() - before:  # the ServerApp's process dies mid-run, as in a crash
+            os.kill(pid, signal.SIGKILL)
+        run_id = log.read_text().split("run_id `")[1].split("`")[0]
+        subprocess.run([str(Path(sys.executable).parent / "flwr"), "stop", run_id, "local"], cwd=root, env=env,
+                       capture_output=True)
+        proc.wait(timeout=120)
+    interrupted = json.loads((killed / "results.json").read_text())
+    assert interrupted["status"] != "finished"
+    resumed = subprocess.run(job(killed, "checkpoint.resume=true"), cwd=root, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stdout[-2000:]
+    clean = json.loads((tmp_path / "clean" / "results.json").read_text())
+    doc = json.loads((killed / "results.json").read_text())
+    assert doc["status"] == "finished" and 1 < doc["resumed_from"] < 13
+    assert doc["final"]["rmse"] == pytest.approx(clean["final"]["rmse"], abs=1e-9)
+    train = [r["round"] for r in doc["rounds"] if r.get("phase") == "train"]
+    assert train == list(range(2, 14))  # history from the checkpoint, then the resumed rounds
