@@ -95,22 +95,11 @@ class FedGNNStrategy(FedAvg):
         if cfg.checkpoint.resume:
             self._resume()
 
-    # -- compatibility for code that predates the Flower-free server core ------------------
-    @property
-    def state(self) -> FedGNNServer:
-        """The server core (model, items, registry)."""
-        return self.server
-
-    @property
-    def model_shapes(self) -> list[tuple[int, ...]]:
-        """Shapes of the model parameters, in upload order."""
-        return self.server.model_shapes
-
+    # -- rounds ------------------------------------------------------------------------
     def model_weights(self) -> list[np.ndarray]:
         """Current model weights as numpy arrays."""
         return self.server.model_weights()
 
-    # -- rounds ------------------------------------------------------------------------
     @property
     def num_rounds(self) -> int:
         """Flower rounds this run needs (registration, training, expansion; fewer when resumed)."""
