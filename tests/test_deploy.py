@@ -1,6 +1,6 @@
 """The deployment test: a real SuperLink with TLS and SuperNode auth, SuperNodes, the neighbour service.
 
-About 6 minutes, so it runs under `make deploy-test` (FEDREC_DEPLOY_TEST=1), which CI calls
+About 3 minutes, so it runs under `make deploy-test` (FEDREC_DEPLOY_TEST=1), which CI calls
 after the main suite; plain `make test` skips it.
 """
 
