@@ -17,7 +17,7 @@ from fedrec_flwr.privacy.paillier_pack import DomainKeys, FixedPointPacker
 from fedrec_flwr.secure_barycenter import decrypt_barycenters, encrypt_users, public_n_array
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import Domain
-from clients.fppdm_domain import DomainData, DomainTrainer, sample_training_negatives  # noqa: F401  (re-exported)
+from clients.fppdm_domain import DomainData, DomainTrainer
 
 
 class FPPDMDomainClient(NumPyClient):

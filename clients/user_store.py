@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from clients.fedgnn_user import MemoryStore, UserState  # noqa: F401  (MemoryStore re-exported)
+from clients.fedgnn_user import UserState
 from fedrec_flwr.fsutil import atomic_write
 
 

@@ -33,10 +33,7 @@ from fedrec_flwr.protocol import (
 )
 from fedrec_flwr.results import RunRecorder, report_round
 from strategies.barycenter import wait_for_nodes
-from strategies.fedgnn_server import (  # noqa: F401  (re-exported: the strategy's public helpers)
-    FedGNNServer, TrainUpdate, check_ids, eval_users, merge_item_gradients, round_schedule, sample_users,
-    validate_upload,
-)
+from strategies.fedgnn_server import FedGNNServer, TrainUpdate, check_ids, eval_users, round_schedule, sample_users
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
 

@@ -11,7 +11,8 @@ from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
 from fedrec_flwr.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN
-from strategies.fedgnn_merge import ExpansionLink, FedGNNStrategy, round_schedule
+from strategies.fedgnn_merge import ExpansionLink, FedGNNStrategy
+from strategies.fedgnn_server import round_schedule
 
 
 def test_schedule_puts_expansion_after_t_epochs(tiny_cfg):

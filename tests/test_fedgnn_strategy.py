@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.fedgnn_merge import UploadRejected, merge_item_gradients, validate_registration, validate_upload
+from fedrec_flwr.protocol import UploadRejected
+from strategies.fedgnn_merge import validate_registration
+from strategies.fedgnn_server import merge_item_gradients, validate_upload
 
 SHAPES = [(3, 2), ()]
 

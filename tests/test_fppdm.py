@@ -7,7 +7,8 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from clients.fppdm import DomainData, DomainTrainer, FPPDMDomainClient, sample_training_negatives
+from clients.fppdm import FPPDMDomainClient
+from clients.fppdm_domain import DomainData, DomainTrainer, sample_training_negatives
 from fedrec_flwr.barycenter import diagonal_barycenter, user_barycenters
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data.synthetic import make_synthetic_multidomain
