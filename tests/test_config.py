@@ -46,3 +46,27 @@ def test_flower_run_config_maps_to_app_config():
     assert cfg.privacy.ldp is False and cfg.federation.rounds == 4
     with pytest.raises(ConfigError, match="unknown run-config key"):
         from_run_config({"preset": "fedgnn", "colour": "red"})
+
+
+def test_client_resources_and_device_come_from_config():
+    import torch
+
+    from benchmarks.run import federation_config
+    from fedrec_flwr.client_app import client_device
+
+    cfg = load_config("fedgnn", "synthetic", ["simulation.num_gpus=0.25", "simulation.num_cpus=2"])
+    assert federation_config(7, cfg) == "num-supernodes=7 client-resources-num-cpus=2 client-resources-num-gpus=0.25"
+    assert client_device(load_config("fedgnn", "synthetic")).type == "cpu"
+    if torch.cuda.is_available():
+        assert client_device(cfg).type == "cuda"
+    else:
+        assert client_device(cfg).type == "cpu"  # a GPU share on a machine without one falls back
+        with pytest.raises(RuntimeError, match="simulation.device = 'cuda' but torch sees no CUDA device"):
+            client_device(load_config("fedgnn", "synthetic", ["simulation.device=cuda"]))
+
+
+def test_fault_probabilities_are_checked():
+    with pytest.raises(ConfigError, match="faults.crash.*probability"):
+        load_config("fedgnn", "synthetic", ["faults.crash=1.5"])
+    with pytest.raises(ConfigError, match="checkpoint.resume does not support expansion.mode = 'trainable'"):
+        load_config("fedgnn", "synthetic", ["checkpoint.resume=true", "expansion.mode=trainable"])
