@@ -102,6 +102,9 @@ def local_gradients(
     """
     device = device or torch.device("cpu")
     model = model.to(device).train()
+    if data.train_items.size == 0:  # nothing to learn from: zero gradients, which LDP then noises like any upload
+        zeros = [np.zeros(tuple(p.shape), np.float32) for p in model.parameters()]
+        return zeros, np.zeros((0, item_rows.shape[1]), np.float32), state.embedding.copy(), 0.0
     pos = np.searchsorted(state.anonymity_ids, data.train_items)
     items_x = torch.tensor(item_rows[pos], device=device, requires_grad=True)
     user_x = torch.tensor(state.embedding[None, :], device=device, requires_grad=True)

@@ -100,3 +100,21 @@ def test_attack_has_power_against_naive_padding(tiny_cfg):
     """The same attacker does find the real rows when pseudo rows are zeros: the test above can fail."""
     auc = within_upload_auc(tiny_cfg("model.dim=64", "privacy.pseudo_items=40", "privacy.ldp=false"), 30, "zeros")
     assert auc.max() > 0.9
+
+
+def test_a_user_without_training_ratings_sends_a_valid_upload(tiny_cfg):
+    """Real datasets have such users (one in Douban's split): their upload must pass validation, not carry NaN."""
+    from fedrec_flwr.data import UserData
+    from strategies.fedgnn_server import FedGNNServer
+
+    cfg = tiny_cfg()
+    parts, meta = _setup(cfg)
+    empty = UserData(7, np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.int64), np.zeros(0, np.float32))
+    store = MemoryStore()
+    client = FedGNNClient(cfg, meta, [7], lambda u: empty, store)
+    reg, _, _ = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
+    server = FedGNNServer(cfg, meta.num_items, meta.scale.midpoint)
+    server.register(7, reg[1])
+    upload, _, _ = client.fit([*server.model_weights(), np.array([7]), server.rows_for(7)], {"phase": PHASE_TRAIN, "round": 2})
+    update = server.validate(7, upload[1:])  # raises UploadRejected on NaN/Inf
+    assert update.rows.shape == (reg[1].size, cfg.model.dim) and np.isfinite(update.rows).all()

@@ -59,8 +59,8 @@ def pseudo_gradient_rows(rng: np.random.Generator, real_rows: np.ndarray, count:
     rows (covariance S exactly), the isotropic part as independent normal noise.
     """
     k, d = real_rows.shape
-    if count == 0:
-        return np.zeros((0, d), np.float32)
+    if count == 0 or k == 0:  # no real rows (a user without training ratings): nothing to imitate
+        return np.zeros((count, d), np.float32)
     mean, alpha, mu = ledoit_wolf_shrinkage(real_rows.astype(np.float64))
     out = rng.standard_normal((count, d), dtype=np.float32) * np.float32(np.sqrt(alpha * mu))
     out += mean.astype(np.float32)
