@@ -23,6 +23,8 @@ from datetime import date
 from pathlib import Path
 
 from benchmarks.run import main as run_main
+from fedrec_flwr.config import load_config
+from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.results import load_results
 
@@ -76,9 +78,6 @@ def main() -> None:
                      f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
                      "federation.eval_fraction=0.01", *args.set]
         # build the dataset and partitions outside the measured job (it shows its own progress)
-        from fedrec_flwr.config import load_config
-        from fedrec_flwr.data import UserPartitions, prepare_partitions
-
         cfg = load_config("fedgnn", "synthetic", [f"data.cache_dir={args.cache_dir}", *overrides])
         t0 = time.time()
         meta = UserPartitions(prepare_partitions(cfg.data)).meta

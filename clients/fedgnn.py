@@ -32,12 +32,13 @@ class FedGNNClient(NumPyClient):
     def __init__(self, cfg: AppConfig, meta: PartitionMeta, user_ids: list[int], load_user: Callable[[int], UserData],
                  store, device: torch.device | None = None):
         self.cfg, self.meta, self.user_ids, self.load_user, self.store = cfg, meta, list(user_ids), load_user, store
+        self._hosted = set(self.user_ids)
         self.device = device or torch.device("cpu")
         self.model = build_model(cfg.model, meta.scale.midpoint)  # one copy, shared by the hosted users in turn
         self.faults = FaultPlan(cfg.faults, cfg.seed)
 
     def _user(self, u: int) -> FedGNNUser:
-        if u not in self.user_ids:
+        if u not in self._hosted:
             raise ValueError(f"user {u} is not hosted on this node (hosts {self.user_ids[:5]}...)")
         return FedGNNUser(self.cfg, self.meta, self.load_user(u), self.store, self.device, self.model)
 

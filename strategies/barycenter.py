@@ -20,15 +20,9 @@ from fedrec_flwr.barycenter import user_barycenters
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.privacy.paillier_pack import FixedPointPacker, ciphertexts_to_array
 from fedrec_flwr.protocol import UploadRejected, array_bytes
+from strategies.nodes import wait_for_nodes
 from fedrec_flwr.secure_barycenter import per_user_ciphertexts, sum_encrypted
 from fedrec_flwr.results import RunRecorder, report_round
-
-def wait_for_nodes(client_manager, count: int, timeout: float) -> None:
-    """Block until `count` nodes are connected; RuntimeError naming the shortfall after `timeout` seconds."""
-    if count > 0 and len(client_manager.all()) < count and not client_manager.wait_for(count, timeout=int(timeout)):
-        raise RuntimeError(f"only {len(client_manager.all())} of the {count} expected SuperNodes connected "
-                           f"within {timeout:.0f}s (federation.node_wait_seconds)")
-
 
 log = logging.getLogger("fedrec_flwr.fppdm")
 

@@ -32,7 +32,7 @@ from fedrec_flwr.protocol import (
     frame_download, split_upload,
 )
 from fedrec_flwr.results import RunRecorder, report_round
-from strategies.barycenter import wait_for_nodes
+from strategies.nodes import wait_for_nodes
 from strategies.fedgnn_server import FedGNNServer, TrainUpdate, check_ids, eval_users, round_schedule, sample_users
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
@@ -154,6 +154,17 @@ class FedGNNStrategy(FedAvg):
     def _registered_nodes(self, client_manager: ClientManager) -> dict[int, ClientProxy]:
         return {c.node_id: c for c in client_manager.all().values() if c.node_id in self.node_users}
 
+    def _live_users(self, nodes: dict[int, ClientProxy]) -> list[int]:
+        """Registered users whose node is connected now."""
+        return [u for u in self.server.registry if self.user_node.get(u) in nodes]
+
+    def _by_node(self, users: list[int]) -> dict[int, list[int]]:
+        """The users grouped by the node hosting them (one message per node)."""
+        grouped: dict[int, list[int]] = {}
+        for u in users:
+            grouped.setdefault(self.user_node[u], []).append(u)
+        return grouped
+
     def _framed(self, weights: list[np.ndarray], users: list[int]) -> list[np.ndarray]:
         return frame_download(weights, users, [self.server.rows_for(u) for u in users])
 
@@ -177,15 +188,12 @@ class FedGNNStrategy(FedAvg):
             self.bytes_down = 0.0
             ins = FitIns(ndarrays_to_parameters([]), {**config, **self._expansion_config()})
             return [(c, ins) for c in nodes.values()]
-        live = [u for u in self.server.registry if self.user_node.get(u) in nodes]
-        chosen = sample_users(self.cfg.seed, self.logical(server_round), live, self.cfg.federation.clients_per_round)
+        chosen = sample_users(self.cfg.seed, self.logical(server_round), self._live_users(nodes),
+                              self.cfg.federation.clients_per_round)
         if self.cfg.expansion.mode == "trainable" and PHASE_EXPAND_FETCH in self.schedule[: self.logical(server_round) - 1]:
             config.update(self._expansion_config(), nb_refresh=True)
-        by_node: dict[int, list[int]] = {}
-        for u in chosen:
-            by_node.setdefault(self.user_node[u], []).append(u)
         out, down, weights = [], 0, self.server.model_weights()
-        for nid, users in by_node.items():
+        for nid, users in self._by_node(chosen).items():
             payload = self._framed(weights, users)
             down += array_bytes(payload)
             out.append((nodes[nid], FitIns(ndarrays_to_parameters(payload), config)))
@@ -300,13 +308,10 @@ class FedGNNStrategy(FedAvg):
         if not self._is_eval_round(server_round):
             return []
         nodes = self._registered_nodes(client_manager)
-        live = [u for u in self.server.registry if self.user_node.get(u) in nodes]
-        by_node: dict[int, list[int]] = {}
-        for u in eval_users(self.cfg.seed, live, self.cfg.federation.eval_fraction):
-            by_node.setdefault(self.user_node[u], []).append(u)
+        evaluating = eval_users(self.cfg.seed, self._live_users(nodes), self.cfg.federation.eval_fraction)
         weights, config = self.server.model_weights(), self._base_config(server_round)
         return [(nodes[nid], EvaluateIns(ndarrays_to_parameters(self._framed(weights, users)), config))
-                for nid, users in by_node.items()]
+                for nid, users in self._by_node(evaluating).items()]
 
     def aggregate_evaluate(self, server_round: int, results, failures):
         """RMSE = sqrt(sum SSE / sum n) over users; MAE likewise."""
