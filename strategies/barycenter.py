@@ -124,8 +124,9 @@ class WassersteinBarycenterStrategy(FedAvg):
             self.domain_users[proxy.node_id] = ids
         if uploads and self.cfg.fppdm.secure:
             self._aggregate_encrypted(server_round, uploads)
-        elif uploads:
-            self.global_ids, self.global_mu, self.global_sigma = user_barycenters(uploads, self.num_users, self.dim)
+        elif uploads:  # content order, not arrival order: the float sums are then the same in every run
+            ordered = sorted(uploads, key=lambda u: (len(u[0]), u[0].tobytes()))
+            self.global_ids, self.global_mu, self.global_sigma = user_barycenters(ordered, self.num_users, self.dim)
         counts = np.bincount(np.concatenate([u[0] for u in uploads]), minlength=self.num_users) if uploads else np.zeros(1)
         self._record({"round": server_round, "phase": "train", "clients": len(results), "accepted": len(uploads),
                       "rejected": len(results) + len(failures) - len(uploads), "overlapping_users": int((counts > 1).sum()),

@@ -16,6 +16,7 @@ round numbers, sampling and client randomness are those of the uninterrupted run
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,8 +316,8 @@ class FedGNNStrategy(FedAvg):
 
     def aggregate_evaluate(self, server_round: int, results, failures):
         """RMSE = sqrt(sum SSE / sum n) over users; MAE likewise."""
-        sse = sum(float(r.metrics.get("sse", 0.0)) for _, r in results)
-        sae = sum(float(r.metrics.get("sae", 0.0)) for _, r in results)
+        sse = math.fsum(float(r.metrics.get("sse", 0.0)) for _, r in results)  # exact: independent of arrival order
+        sae = math.fsum(float(r.metrics.get("sae", 0.0)) for _, r in results)
         n = sum(int(r.metrics.get("n", 0)) for _, r in results)
         if n == 0:
             log.warning("round %d: no test ratings among the %d evaluating nodes (%d failed)",

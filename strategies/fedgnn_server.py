@@ -118,6 +118,7 @@ def eval_users(seed: int, users: list[int], fraction: float) -> list[int]:
 class TrainUpdate:
     """One user's validated training upload."""
 
+    user: int
     grads: list[np.ndarray]
     ids: np.ndarray
     rows: np.ndarray
@@ -170,14 +171,19 @@ class FedGNNServer:
             raise UploadRejected(f"user {user} is not registered")
         grads, ids, rows = validate_upload(arrays, self.model_shapes, self.cfg.model.dim, self.num_items,
                                            self.min_rows(), registered.astype(np.int64))
-        return TrainUpdate(grads, ids, rows)
+        return TrainUpdate(user, grads, ids, rows)
 
     def apply(self, updates: list[TrainUpdate]) -> None:
-        """Average model gradients over |S|, merge item rows by id, step the server optimisers."""
+        """Average model gradients over |S|, merge item rows by id, step the server optimisers.
+
+        Updates are summed in user order, in float64, so the result does not depend on the order in which
+        Flower delivers them (a resumed run must match an uninterrupted one bit for bit).
+        """
+        updates = sorted(updates, key=lambda u: u.user)
         s = len(updates)
         self.model_opt.zero_grad()
         for i, p in enumerate(self.model.parameters()):
-            mean = np.asarray(sum(u.grads[i] for u in updates) / s, np.float32)
+            mean = np.asarray(sum(u.grads[i].astype(np.float64) for u in updates) / s, np.float32)
             p.grad = torch.from_numpy(mean).reshape(p.shape).to(self.device)
         self.model_opt.step()
         center = self.cfg.federation.center_uploads
