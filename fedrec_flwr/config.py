@@ -128,6 +128,9 @@ class ServerOptConfig:
     name: str = "sgd"
     lr: float = 0.01
     momentum: float = 0.0
+    # learning rate of the item table (0: same as lr). Item rows are far noisier than the model's
+    # gradients under LDP (each item's row averages few real uploads), so they want their own rate
+    item_lr: float = 0.0
 
 
 @dataclass
@@ -230,7 +233,7 @@ _POSITIVE = (
 _NON_NEGATIVE = (
     "privacy.pseudo_items", "privacy.clip_delta", "model.dropout", "expansion.max_neighbours",
     "federation.round_timeout", "simulation.num_cpus", "simulation.num_gpus", "faults.straggle_seconds",
-    "checkpoint.every",
+    "checkpoint.every", "server_opt.item_lr",
 )
 _PROBABILITIES = ("faults.crash", "faults.straggle", "faults.malformed", "federation.eval_fraction")
 

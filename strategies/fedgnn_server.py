@@ -136,12 +136,13 @@ class FedGNNServer:
         self.items = torch.nn.Parameter((torch.randn(num_items, cfg.model.dim, generator=gen) * 0.1).to(self.device))
         params = list(self.model.parameters())
         so = cfg.server_opt
+        item_lr = so.item_lr or so.lr
         if so.name == "adam":
             self.model_opt = torch.optim.Adam(params, lr=so.lr)
-            self.item_opt = torch.optim.SparseAdam([self.items], lr=so.lr)
+            self.item_opt = torch.optim.SparseAdam([self.items], lr=item_lr)
         else:
             self.model_opt = torch.optim.SGD(params, lr=so.lr, momentum=so.momentum)
-            self.item_opt = torch.optim.SGD([self.items], lr=so.lr)
+            self.item_opt = torch.optim.SGD([self.items], lr=item_lr)
         self.model_shapes = [tuple(p.shape) for p in params]
         self.registry: dict[int, np.ndarray] = {}  # user id -> its anonymity set (int32 to halve memory)
 

@@ -1,0 +1,110 @@
+"""FedGNN graph expansion: GNN type x expansion mode x seed, privacy on, through `flwr run`.
+
+    python -m benchmarks.expansion_table --data-dir ../shared/data --datasets ml-100k douban --seeds 0 1 2
+
+Every (dataset, gnn, mode, seed) cell is one `python -m benchmarks.run` job with the paper's
+privacy settings (M = 1000, delta 0.1, lambda 0.2, 128 users per round) and the same protocol
+settings for every cell of a dataset (`SETTINGS`), so rows differ only in the GNN and the
+expansion mode. Finished cells are kept in the JSON and skipped on a rerun, so an interrupted
+sweep continues where it stopped. Writes benchmarks/results/expansion_table.json and prints the
+markdown table (mean +- std of the final RMSE over seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+from benchmarks.run import main as run_main
+from fedrec_flwr.fsutil import atomic_write
+from fedrec_flwr.results import load_results
+
+GNNS = ("gat", "gcn", "ggnn")
+MODES = ("none", "trainable", "fixed")
+
+# The tuned protocol settings of the FedGNN accuracy runs (BENCHMARKS.md), shortened to fit a
+# 2-core budget: several users per virtual SuperNode cut Flower's per-node overhead without
+# changing any number (multiplexing is exact, see tests/test_fedgnn_protocol.py). `fixed`
+# expands after T epochs: T = 2 (the paper's) on ML-100K is after round 16 of 40; Douban's 3,000 users
+# make an epoch 24 rounds, so T = 1 there leaves 16 rounds with neighbours.
+_COMMON = ["server_opt.name=adam", "server_opt.lr=0.003", "server_opt.item_lr=0.01", "federation.loss=sum",
+           "federation.user_lr=0.1", "federation.user_steps=5", "simulation.users_per_node=8"]
+SETTINGS = {
+    "ml-100k": [*_COMMON, "federation.rounds=40", "federation.eval_every=40", "expansion.epoch=2"],
+    "douban": [*_COMMON, "federation.rounds=40", "federation.eval_every=40", "expansion.epoch=1"],
+}
+
+
+def command(dataset: str, gnn: str, mode: str, seed: int, data_dir: str) -> list[str]:
+    """The benchmarks.run arguments of one table cell (also printed in BENCHMARKS.md)."""
+    return ["--preset", "fedgnn", "--dataset", dataset, "--data-dir", data_dir, "--seed", str(seed),
+            "--set", *SETTINGS[dataset], f"model.gnn={gnn}", f"expansion.mode={mode}"]
+
+
+def table(doc: dict) -> str:
+    """Markdown: one block per dataset, rows = GNN, columns = expansion modes (mean +- std over seeds)."""
+    lines = []
+    for dataset in doc["datasets"]:
+        lines += [f"\n**{dataset}** (final RMSE, mean ± std over seeds; seeds per cell in brackets)\n",
+                  "| GNN | " + " | ".join(MODES) + " | fixed - none | wall s per run (median) |",
+                  "|---|" + "---|" * len(MODES) + "---|---|"]
+        for gnn in GNNS:
+            runs = {m: [r for r in doc["runs"] if (r["dataset"], r["gnn"], r["mode"]) == (dataset, gnn, m)] for m in MODES}
+            if not any(runs.values()):
+                continue
+            cells, means = [], {}
+            for m in MODES:
+                vals = [r["final"]["rmse"] for r in runs[m]]
+                if not vals:
+                    cells.append("-")
+                    continue
+                means[m] = statistics.mean(vals)
+                sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+                cells.append(f"{means[m]:.4f} ± {sd:.4f} [{len(vals)}]")
+            diff = f"{means['fixed'] - means['none']:+.4f}" if {"fixed", "none"} <= means.keys() else "-"
+            walls = [r["wall_seconds"] for rs in runs.values() for r in rs]
+            lines.append(f"| {gnn} | " + " | ".join(cells) + f" | {diff} | {statistics.median(walls):.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Run every missing cell, save after each, print the table."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", default="../shared/data")
+    ap.add_argument("--datasets", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--gnns", nargs="+", default=list(GNNS), choices=GNNS)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--out", default="benchmarks/results/expansion_table.json")
+    args = ap.parse_args()
+    out = Path(args.out)
+    doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
+    doc["datasets"] = list(dict.fromkeys([*doc.get("datasets", []), *args.datasets]))
+    doc["settings"] = SETTINGS
+    done = {(r["dataset"], r["gnn"], r["mode"], r["seed"]) for r in doc["runs"]}
+    cells = [(d, s, g, m) for d in args.datasets for s in args.seeds for g in args.gnns for m in args.modes]
+    for n, (dataset, seed, gnn, mode) in enumerate(cells, 1):
+        if (dataset, gnn, mode, seed) in done:
+            continue
+        started = time.time()
+        print(f"[expansion_table] {n}/{len(cells)}: {dataset} {gnn} {mode} seed {seed}", flush=True)
+        argv = command(dataset, gnn, mode, seed, args.data_dir)
+        with tempfile.TemporaryDirectory() as tmp:
+            run_main([*argv, "--out", tmp])
+            res = load_results(tmp)
+        neighbours = [h["mean_neighbours"] for h in res.get("rounds", []) if "mean_neighbours" in h]
+        doc["runs"].append({"dataset": dataset, "gnn": gnn, "mode": mode, "seed": seed, "final": res["final"],
+                            "neighbours_mean": neighbours[-1] if neighbours else 0.0,
+                            "wall_seconds": round(time.time() - started, 1),
+                            "command": "python -m benchmarks.run " + " ".join(argv), "date": date.today().isoformat()})
+        atomic_write(out, json.dumps(doc, indent=1))
+    print(table(doc))
+
+
+if __name__ == "__main__":
+    main()
