@@ -13,16 +13,10 @@ markdown table (mean +- std of the final RMSE over seeds).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import tempfile
-import time
-from datetime import date
 from pathlib import Path
 
-from benchmarks.run import main as run_main
-from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.results import load_results
+from benchmarks.sweep import load_sweep, run_missing
 
 GNNS = ("gat", "gcn", "ggnn")
 MODES = ("none", "trainable", "fixed")
@@ -72,6 +66,12 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def _neighbours(res: dict) -> dict:
+    """Mean neighbours per user after the last expansion (0 without expansion)."""
+    counts = [h["mean_neighbours"] for h in res.get("rounds", []) if "mean_neighbours" in h]
+    return {"neighbours_mean": counts[-1] if counts else 0.0}
+
+
 def main() -> None:
     """Run every missing cell, save after each, print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -83,26 +83,10 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/expansion_table.json")
     args = ap.parse_args()
     out = Path(args.out)
-    doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
-    doc["datasets"] = list(dict.fromkeys([*doc.get("datasets", []), *args.datasets]))
-    doc["settings"] = SETTINGS
-    done = {(r["dataset"], r["gnn"], r["mode"], r["seed"]) for r in doc["runs"]}
-    cells = [(d, s, g, m) for d in args.datasets for s in args.seeds for g in args.gnns for m in args.modes]
-    for n, (dataset, seed, gnn, mode) in enumerate(cells, 1):
-        if (dataset, gnn, mode, seed) in done:
-            continue
-        started = time.time()
-        print(f"[expansion_table] {n}/{len(cells)}: {dataset} {gnn} {mode} seed {seed}", flush=True)
-        argv = command(dataset, gnn, mode, seed, args.data_dir)
-        with tempfile.TemporaryDirectory() as tmp:
-            run_main([*argv, "--out", tmp])
-            res = load_results(tmp)
-        neighbours = [h["mean_neighbours"] for h in res.get("rounds", []) if "mean_neighbours" in h]
-        doc["runs"].append({"dataset": dataset, "gnn": gnn, "mode": mode, "seed": seed, "final": res["final"],
-                            "neighbours_mean": neighbours[-1] if neighbours else 0.0,
-                            "wall_seconds": round(time.time() - started, 1),
-                            "command": "python -m benchmarks.run " + " ".join(argv), "date": date.today().isoformat()})
-        atomic_write(out, json.dumps(doc, indent=1))
+    doc = load_sweep(out, args.datasets, SETTINGS)
+    cells = [({"dataset": d, "gnn": g, "mode": m, "seed": s}, command(d, g, m, s, args.data_dir))
+             for d in args.datasets for s in args.seeds for g in args.gnns for m in args.modes]
+    run_missing(doc, out, cells, "expansion_table", extra=_neighbours)
     print(table(doc))
 
 

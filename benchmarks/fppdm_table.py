@@ -13,16 +13,10 @@ prints the markdown table (mean +- std over seeds of the mean over domains).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import tempfile
-import time
-from datetime import date
 from pathlib import Path
 
-from benchmarks.run import main as run_main
-from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.results import load_results
+from benchmarks.sweep import load_sweep, run_missing
 
 PRESETS = ("single_domain", "fedavg_lightgcn", "fppdm", "fppdm_pp")
 
@@ -82,28 +76,10 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/fppdm_table.json")
     args = ap.parse_args()
     out = Path(args.out)
-    doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
-    doc["datasets"] = list(dict.fromkeys([*doc.get("datasets", []), *args.datasets]))
-    doc["settings"] = SETTINGS
-    done = {(r["dataset"], r["preset"], r["seed"]) for r in doc["runs"]}
-    total = len(args.datasets) * len(args.presets) * len(args.seeds)
-    n = 0
-    for dataset in args.datasets:
-        for seed in args.seeds:
-            for preset in args.presets:
-                n += 1
-                if (dataset, preset, seed) in done:
-                    continue
-                started = time.time()
-                print(f"[fppdm_table] {n}/{total}: {dataset} {preset} seed {seed}", flush=True)
-                with tempfile.TemporaryDirectory() as tmp:
-                    run_main([*command(dataset, preset, seed, args.data_dir), "--out", tmp])
-                    res = load_results(tmp)
-                doc["runs"].append({"dataset": dataset, "preset": preset, "seed": seed, "final": res["final"],
-                                    "wall_seconds": round(time.time() - started, 1),
-                                    "command": "python -m benchmarks.run " + " ".join(command(dataset, preset, seed, args.data_dir)),
-                                    "date": date.today().isoformat()})
-                atomic_write(out, json.dumps(doc, indent=1))
+    doc = load_sweep(out, args.datasets, SETTINGS)
+    cells = [({"dataset": d, "preset": p, "seed": s}, command(d, p, s, args.data_dir))
+             for d in args.datasets for s in args.seeds for p in args.presets]
+    run_missing(doc, out, cells, "fppdm_table")
     print(table(doc))
 
 
