@@ -203,7 +203,13 @@ class FedGNNUser:
         return self.state.anonymity_ids.astype(np.int32)
 
     def expand(self, config, submit: bool, fetch: bool) -> int:
-        """Talk to the neighbour service directly: send embedding + keyed item tokens, get neighbours."""
+        """Talk to the neighbour service directly: send embedding + keyed item tokens, get neighbours.
+
+        A user without rated items can share an item with nobody: it keeps no neighbours and does
+        not contact the service (an empty token list is malformed there).
+        """
+        if self.data.train_items.size == 0:
+            return 0
         client = NeighbourClient(str(config["nb_address"]), retries=int(config["nb_retries"]))
         run_id = str(config["nb_run"])
         if submit:

@@ -62,6 +62,26 @@ def test_clients_get_exactly_their_co_raters_as_anonymous_neighbours(tiny_cfg, s
         assert got == expected and tuple(np.round(embs[u], 5)) not in got
 
 
+def test_a_user_without_ratings_expands_to_no_neighbours_and_does_not_stop_the_run(tiny_cfg, service):
+    """Real splits have such users (Douban's has one); expansion must not fail on them."""
+    from fedrec_flwr.data import UserData
+
+    cfg = tiny_cfg("expansion.mode=fixed")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    empty = UserData(3, np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.int64), np.zeros(0, np.float32))
+    data = lambda u: empty if u == 3 else parts.user(u)  # noqa: E731
+    key, run = new_run_key(), "t-empty"
+    NeighbourClient(service).open_run(run, cfg.model.dim, parts.meta.num_items, 10)
+    store = MemoryStore()
+    node = FedGNNClient(cfg, parts.meta, [2, 3, 4], data, store)
+    node.fit([], {"phase": PHASE_REGISTER, "round": 1})
+    config = {"nb_key": key, "nb_address": service, "nb_run": run, "nb_retries": 0, "round": 2}
+    for phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
+        node.fit([], {**config, "phase": phase})
+    assert store.load(3).neighbours.shape == (0, cfg.model.dim)
+    assert store.load(2).neighbours.shape[0] >= 1  # users 2 and 4 still found each other (shared items)
+
+
 def test_neighbours_enter_the_star_graph_and_change_predictions(tiny_cfg):
     cfg = tiny_cfg("model.dropout=0")
     parts = UserPartitions(prepare_partitions(cfg.data))
