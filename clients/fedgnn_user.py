@@ -19,9 +19,8 @@ from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.metrics import squared_error_sum
 from fedrec_flwr.models import RatingGNN, build_model, build_star_batch
-from fedrec_flwr.privacy import epsilon, num_pseudo, privatize, pseudo_gradient_rows, sample_pseudo_items
+from fedrec_flwr.privacy import num_pseudo, privatize, pseudo_gradient_rows, sample_pseudo_items
 from fedrec_flwr.neighbours import NeighbourClient, item_tokens
-from fedrec_flwr.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN
 
 
 @dataclass
