@@ -56,6 +56,7 @@ class ModelConfig:
     dim: int = 256
     dropout: float = 0.2
     heads: int = 1
+    biases: bool = False  # add b_u = v.x_u and b_i = w.x_i (shared v, w) to the dot product
 
 
 @dataclass

@@ -10,6 +10,7 @@ from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 from clients.fedgnn import FedGNNClient
 from clients.user_store import NodeStateStore, UserStateFiles
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.models import build_model
 from fedrec_flwr.results import RunRecorder
 from inprocess import OK, Manager, Proxy, drive
 from strategies.fedgnn_merge import FedGNNStrategy
@@ -131,3 +132,20 @@ def test_min_clients_policy_keeps_the_model_when_too_few_updates_arrive(tiny_cfg
     untouched = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, None, meta.num_users)
     for a, b in zip(untouched.model_weights(), strategy.model_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_bias_vectors_are_learned_as_shared_model_weights(tiny_cfg):
+    """model.biases adds two [d] model weights that pass validation, LDP and aggregation like the
+    rest: every upload is accepted and both vectors leave their zero start."""
+    cfg = tiny_cfg(*SMALL, "model.biases=true")
+    strategy = _run(cfg, per_node=4)
+    plain = _run(tiny_cfg(*SMALL), per_node=4)
+    weights = strategy.model_weights()
+    assert len(weights) == len(plain.model_weights()) + 2
+    names = [n for n, _ in build_model(cfg.model, 3.0).named_parameters()]  # the order of the weight list
+    user_bias, item_bias = weights[names.index("user_bias")], weights[names.index("item_bias")]
+    assert user_bias.shape == item_bias.shape == (16,)
+    assert np.abs(user_bias).max() > 0 and np.abs(item_bias).max() > 0
+    train = [r for r in strategy.recorder.doc["rounds"] if r.get("phase") == "train"]
+    assert all(r["accepted"] == 12 and r["rejected"] == 0 for r in train)
+    assert np.isfinite(strategy.final["rmse"])

@@ -58,3 +58,32 @@ def test_star_edges_neighbours_point_to_user_only():
         if s in neigh_nodes:
             assert t == 0
         assert t not in neigh_nodes
+
+
+@pytest.mark.parametrize("kind", ["gat", "gcn", "ggnn"])
+def test_biases_add_user_and_item_terms_read_from_the_raw_embeddings(kind):
+    torch.manual_seed(3)
+    d = 5
+    plain = RatingGNN(kind, d, bias_init=3.0).eval()
+    biased = RatingGNN(kind, d, bias_init=3.0, biases=True).eval()
+    biased.load_state_dict({**plain.state_dict(), "user_bias": torch.randn(d), "item_bias": torch.randn(d)})
+    batch = build_star_batch([3, 2], [2, 1])
+    user, items, query = torch.randn(2, d), torch.randn(5, d), torch.randn(3, d)
+    pt0, pq0 = plain(batch, user, items, query)
+    pt1, pq1 = biased(batch, user, items, query)
+    b_user = user @ biased.user_bias
+    want_t = pt0 + b_user[batch.train_slot_user] + items @ biased.item_bias
+    want_q = pq0 + b_user[batch.query_slot_user] + query @ biased.item_bias
+    assert torch.allclose(pt1, want_t, atol=1e-5) and torch.allclose(pq1, want_q, atol=1e-5)
+    # the bias vectors are shared model weights; the paper's model (biases off) has none of them
+    assert len(list(biased.parameters())) == len(list(plain.parameters())) + 2
+
+
+def test_biases_start_at_zero_so_a_new_model_predicts_as_the_paper_model():
+    torch.manual_seed(4)
+    plain = RatingGNN("gat", 4, bias_init=3.0).eval()
+    torch.manual_seed(4)
+    biased = RatingGNN("gat", 4, bias_init=3.0, biases=True).eval()
+    batch = build_star_batch([3])
+    user, items = torch.randn(1, 4), torch.randn(3, 4)
+    assert torch.equal(plain(batch, user, items)[0], biased(batch, user, items)[0])

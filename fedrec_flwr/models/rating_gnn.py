@@ -44,12 +44,24 @@ class StarGraphEncoder(nn.Module):
 
 
 class RatingGNN(nn.Module):
-    """Encoder plus r_hat(u, i) = <h_u, h_i> + b, with b starting at the rating scale's midpoint."""
+    """Encoder plus r_hat(u, i) = <h_u, h_i> + b, with b starting at the rating scale's midpoint.
 
-    def __init__(self, kind: str, dim: int, dropout: float = 0.0, heads: int = 1, bias_init: float = 0.0):
+    With `biases`, r_hat also adds a user bias v.x_u and an item bias w.x_i read from the raw
+    embeddings by shared vectors v and w (starting at zero). Both biases then travel the paths
+    the embeddings already take: the user's stays on its device, the item's moves with the item
+    row (pseudo rows and LDP included), and v, w are model weights like any other. Their
+    gradient on an item row points along w for every rater, so it adds up across users where
+    the dot product's (along h_u, different per user) does not: this is what lets item rows
+    learn under LDP noise (BENCHMARKS.md).
+    """
+
+    def __init__(self, kind: str, dim: int, dropout: float = 0.0, heads: int = 1, bias_init: float = 0.0,
+                 biases: bool = False):
         super().__init__()
         self.encoder = StarGraphEncoder(kind, dim, dropout, heads)
         self.bias = nn.Parameter(torch.tensor(float(bias_init)))
+        self.user_bias = nn.Parameter(torch.zeros(dim)) if biases else None
+        self.item_bias = nn.Parameter(torch.zeros(dim)) if biases else None
 
     def forward(
         self,
@@ -69,9 +81,15 @@ class RatingGNN(nn.Module):
         h_user = h[:b]
         pred_train = (h_user[batch.train_slot_user] * h[b : b + t]).sum(-1) + self.bias
         pred_query = (h_user[batch.query_slot_user] * h[b + t : b + t + q]).sum(-1) + self.bias
+        if self.user_bias is not None:
+            b_user = user_x @ self.user_bias
+            pred_train = pred_train + b_user[batch.train_slot_user] + train_item_x @ self.item_bias
+            pred_query = pred_query + b_user[batch.query_slot_user]
+            if query_item_x is not None:
+                pred_query = pred_query + query_item_x @ self.item_bias
         return pred_train, pred_query
 
 
 def build_model(model_cfg, bias_init: float) -> RatingGNN:
     """The RatingGNN a ModelConfig describes."""
-    return RatingGNN(model_cfg.gnn, model_cfg.dim, model_cfg.dropout, model_cfg.heads, bias_init)
+    return RatingGNN(model_cfg.gnn, model_cfg.dim, model_cfg.dropout, model_cfg.heads, bias_init, model_cfg.biases)
