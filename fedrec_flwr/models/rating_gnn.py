@@ -51,8 +51,8 @@ class RatingGNN(nn.Module):
     the embeddings already take: the user's stays on its device, the item's moves with the item
     row (pseudo rows and LDP included), and v, w are model weights like any other. Their
     gradient on an item row points along w for every rater, so it adds up across users where
-    the dot product's (along h_u, different per user) does not: this is what lets item rows
-    learn under LDP noise (BENCHMARKS.md).
+    the dot product's (along h_u, different per user) does not. Under LDP this gains 0.003-0.01
+    RMSE on ML-100K (BENCHMARKS.md), not a step change.
     """
 
     def __init__(self, kind: str, dim: int, dropout: float = 0.0, heads: int = 1, bias_init: float = 0.0,
