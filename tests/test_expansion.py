@@ -7,7 +7,7 @@ import pytest
 
 from clients.fedgnn import FedGNNClient
 from clients.fedgnn_user import FedGNNUser, MemoryStore, local_gradients
-from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
 from fedrec_flwr.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN
@@ -64,8 +64,6 @@ def test_clients_get_exactly_their_co_raters_as_anonymous_neighbours(tiny_cfg, s
 
 def test_a_user_without_ratings_expands_to_no_neighbours_and_does_not_stop_the_run(tiny_cfg, service):
     """Real splits have such users (Douban's has one); expansion must not fail on them."""
-    from fedrec_flwr.data import UserData
-
     cfg = tiny_cfg("expansion.mode=fixed")
     parts = UserPartitions(prepare_partitions(cfg.data))
     empty = UserData(3, np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.int64), np.zeros(0, np.float32))

@@ -76,17 +76,16 @@ class RatingGNN(nn.Module):
         parts = [user_x, train_item_x]
         parts.append(query_item_x if query_item_x is not None else user_x.new_zeros((0, d)))
         parts.append(neighbour_x if neighbour_x is not None else user_x.new_zeros((0, d)))
-        h = self.encoder(torch.cat(parts, 0), batch.edge_index)
+        x = torch.cat(parts, 0)
+        h = self.encoder(x, batch.edge_index)
         b, t, q = batch.num_users, batch.num_train, batch.num_query
         h_user = h[:b]
         pred_train = (h_user[batch.train_slot_user] * h[b : b + t]).sum(-1) + self.bias
         pred_query = (h_user[batch.query_slot_user] * h[b + t : b + t + q]).sum(-1) + self.bias
         if self.user_bias is not None:
-            b_user = user_x @ self.user_bias
-            pred_train = pred_train + b_user[batch.train_slot_user] + train_item_x @ self.item_bias
-            pred_query = pred_query + b_user[batch.query_slot_user]
-            if query_item_x is not None:
-                pred_query = pred_query + query_item_x @ self.item_bias
+            b_user, b_item = x[:b] @ self.user_bias, x[b : b + t + q] @ self.item_bias
+            pred_train = pred_train + b_user[batch.train_slot_user] + b_item[:t]
+            pred_query = pred_query + b_user[batch.query_slot_user] + b_item[t:]
         return pred_train, pred_query
 
 
