@@ -132,6 +132,11 @@ class ServerOptConfig:
     # learning rate of the item table (0: same as lr). Item rows are far noisier than the model's
     # gradients under LDP (each item's row averages few real uploads), so they want their own rate
     item_lr: float = 0.0
+    # Adam's beta1 for the item table: a higher value averages each row's noisy merged gradient
+    # over more rounds before it moves the row
+    item_beta1: float = 0.9
+    # both learning rates are multiplied by this after every training round (1.0: constant)
+    lr_decay: float = 1.0
 
 
 @dataclass
@@ -305,6 +310,10 @@ def _validate(cfg: AppConfig) -> None:
                           "service's submissions are not checkpointed); use 'fixed' or 'none'")
     if cfg.privacy.ldp and cfg.privacy.noise_lambda <= 0:
         raise ConfigError("config key 'privacy.noise_lambda' must be > 0 when privacy.ldp is true")
+    if not 0.0 <= cfg.server_opt.item_beta1 < 1.0:
+        raise ConfigError(f"config key 'server_opt.item_beta1' = {cfg.server_opt.item_beta1}; expected 0 <= beta1 < 1")
+    if not 0.0 < cfg.server_opt.lr_decay <= 1.0:
+        raise ConfigError(f"config key 'server_opt.lr_decay' = {cfg.server_opt.lr_decay}; expected 0 < decay <= 1")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"config key 'model.dropout' = {cfg.model.dropout}; expected 0 <= dropout < 1")
     if cfg.federation.min_clients > cfg.federation.clients_per_round:

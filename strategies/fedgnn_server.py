@@ -139,10 +139,12 @@ class FedGNNServer:
         item_lr = so.item_lr or so.lr
         if so.name == "adam":
             self.model_opt = torch.optim.Adam(params, lr=so.lr)
-            self.item_opt = torch.optim.SparseAdam([self.items], lr=item_lr)
+            self.item_opt = torch.optim.SparseAdam([self.items], lr=item_lr, betas=(so.item_beta1, 0.999))
         else:
             self.model_opt = torch.optim.SGD(params, lr=so.lr, momentum=so.momentum)
             self.item_opt = torch.optim.SGD([self.items], lr=item_lr)
+        # ExponentialLR decays each group's current rate in place, so the optimiser state in a checkpoint carries it
+        self.lr_schedules = [torch.optim.lr_scheduler.ExponentialLR(opt, so.lr_decay) for opt in (self.model_opt, self.item_opt)]
         self.model_shapes = [tuple(p.shape) for p in params]
         self.registry: dict[int, np.ndarray] = {}  # user id -> its anonymity set (int32 to halve memory)
 
@@ -195,6 +197,8 @@ class FedGNNServer:
         grad = torch.sparse_coo_tensor(index, torch.from_numpy(rows).to(self.device), self.items.shape)
         self.items.grad = grad.coalesce() if isinstance(self.item_opt, torch.optim.SparseAdam) else grad.to_dense()
         self.item_opt.step()
+        for schedule in self.lr_schedules:
+            schedule.step()
 
     # -- checkpoints -----------------------------------------------------------------
     def save_checkpoint(self, folder: Path, extra: dict) -> Path:

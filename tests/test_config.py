@@ -1,5 +1,7 @@
 """Config resolution: presets, dataset files, overrides, and errors that name the key."""
 
+import re
+
 import pytest
 
 from fedrec_flwr.config import ConfigError, from_run_config, load_config
@@ -70,3 +72,13 @@ def test_fault_probabilities_are_checked():
         load_config("fedgnn", "synthetic", ["faults.crash=1.5"])
     with pytest.raises(ConfigError, match="checkpoint.resume does not support expansion.mode = 'trainable'"):
         load_config("fedgnn", "synthetic", ["checkpoint.resume=true", "expansion.mode=trainable"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("server_opt.item_beta1=1.0", "'server_opt.item_beta1' = 1.0; expected 0 <= beta1 < 1"),
+    ("server_opt.lr_decay=0", "'server_opt.lr_decay' = 0.0; expected 0 < decay <= 1"),
+    ("server_opt.lr_decay=1.5", "'server_opt.lr_decay' = 1.5; expected 0 < decay <= 1"),
+])
+def test_server_optimiser_ranges_are_checked(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config("fedgnn", "synthetic", [override])

@@ -101,3 +101,43 @@ def test_item_table_takes_its_own_learning_rate(tiny_cfg):
         server.apply([TrainUpdate(0, [np.ones(s, np.float32) for s in shapes], ids, np.ones((40, cfg.model.dim), np.float32))])
         moves.append(float((before - server.items.detach()).abs().max()))
     assert moves[0] == pytest.approx(0.01, rel=1e-5) and moves[1] == pytest.approx(0.05, rel=1e-5)
+
+
+def _push_items(server, signs):
+    """Apply one update per sign: every model gradient and item row equal to that sign."""
+    from strategies.fedgnn_server import TrainUpdate
+
+    shapes = [w.shape for w in server.model_weights()]
+    ids = np.arange(40, dtype=np.int64)
+    for sign in signs:
+        server.apply([TrainUpdate(0, [np.full(s, sign, np.float32) for s in shapes], ids,
+                                  np.full((40, server.cfg.model.dim), sign, np.float32))])
+
+
+def test_lr_decay_shrinks_both_rates_after_every_round(tiny_cfg):
+    """server_opt.lr_decay = g: round r moves by lr * g^(r-1), for the model and the item table."""
+    from strategies.fedgnn_server import FedGNNServer
+
+    server = FedGNNServer(tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05",
+                                   "server_opt.lr_decay=0.5"), 80, 3.0)
+    moves = []
+    for _ in range(3):
+        items, model = server.items.detach().clone(), server.model_weights()
+        _push_items(server, [1.0])
+        moves.append((float((items - server.items.detach()).abs().max()),
+                      float(max(np.abs(a - b).max() for a, b in zip(model, server.model_weights())))))
+    np.testing.assert_allclose(moves, [(0.05, 0.01), (0.025, 0.005), (0.0125, 0.0025)], rtol=1e-4)
+
+
+@pytest.mark.parametrize("beta1", [0.9, 0.99])
+def test_item_beta1_sets_how_long_adam_remembers_an_item_row_gradient(tiny_cfg, beta1):
+    """Gradient +1 then -1: the second Adam step undoes only the share of the first that beta1 forgets."""
+    from strategies.fedgnn_server import FedGNNServer
+
+    server = FedGNNServer(tiny_cfg("server_opt.name=adam", "server_opt.lr=0.01", f"server_opt.item_beta1={beta1}"), 80, 3.0)
+    start = server.items.detach().clone()
+    _push_items(server, [1.0, -1.0])
+    m_hat = (beta1 * (1 - beta1) - (1 - beta1)) / (1 - beta1**2)  # bias-corrected first moment after +1, -1
+    v_hat = 1.0  # squares are both 1
+    expected = -0.01 * (1.0 + m_hat / np.sqrt(v_hat))
+    np.testing.assert_allclose((server.items.detach() - start)[:40].numpy(), expected, rtol=1e-4)
