@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -284,6 +284,20 @@ def _merge(base, layer, source: str):
         raise ConfigError(f"{source}: invalid key '{key}': {exc.msg if hasattr(exc, 'msg') else exc}") from exc
 
 
+def _merge_preset(cfg, preset: str, chain: tuple[str, ...]):
+    """Merge conf/<preset>.yaml into cfg, after the preset named by its `base:` key (if any)."""
+    if preset in chain:
+        raise ConfigError(f"conf/{preset}.yaml: presets inherit in a cycle: {' -> '.join([*chain, preset])}")
+    layer = _load_yaml(_preset_path(preset), "preset", available_presets())
+    base = layer.pop("base", None) if isinstance(layer, DictConfig) else None
+    if base is not None:
+        try:
+            cfg = _merge_preset(cfg, str(base), (*chain, preset))
+        except ConfigError as exc:
+            raise ConfigError(f"conf/{preset}.yaml, key 'base': {exc}") from exc
+    return _merge(cfg, layer, f"conf/{preset}.yaml")
+
+
 def _validate(cfg: AppConfig) -> None:
     def get(path: str):
         value: Any = cfg
@@ -330,8 +344,7 @@ def load_config(
 
     `extra` holds already-typed values (e.g. from Flower's run config) applied last.
     """
-    cfg = OmegaConf.structured(AppConfig)
-    cfg = _merge(cfg, _load_yaml(_preset_path(preset), "preset", available_presets()), f"conf/{preset}.yaml")
+    cfg = _merge_preset(OmegaConf.structured(AppConfig), preset, ())
     cfg.preset = preset
     dataset = dataset or cfg.data.name  # no dataset given: the preset's own default
     if dataset:

@@ -82,3 +82,25 @@ def test_fault_probabilities_are_checked():
 def test_server_optimiser_ranges_are_checked(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_config("fedgnn", "synthetic", [override])
+
+
+def test_a_preset_inherits_from_its_base_and_overrides_it():
+    paper, tuned = load_config("fedgnn"), load_config("fedgnn_tuned")
+    assert tuned.preset == "fedgnn_tuned" and tuned.algorithm == "fedgnn"
+    assert (tuned.privacy.pseudo_items, tuned.privacy.clip_delta, tuned.privacy.noise_lambda) == (1000, 0.1, 0.2)
+    assert tuned.model.dim == paper.model.dim == 256 and tuned.federation.clients_per_round == 128
+    assert (tuned.model.gnn, tuned.server_opt.name, tuned.federation.batch_size) == ("ggnn", "adam", 1000)
+    assert (paper.model.gnn, paper.server_opt.name) == ("gat", "sgd")  # the paper preset is untouched
+
+
+def test_a_broken_preset_chain_is_named(tmp_path, monkeypatch):
+    import fedrec_flwr.config as config
+
+    (tmp_path / "a.yaml").write_text("base: b\n")
+    (tmp_path / "b.yaml").write_text("base: a\n")
+    (tmp_path / "c.yaml").write_text("base: nowhere\n")
+    monkeypatch.setattr(config, "CONF_DIR", tmp_path)
+    with pytest.raises(ConfigError, match=re.escape("presets inherit in a cycle: a -> b -> a")):
+        load_config("a")
+    with pytest.raises(ConfigError, match=r"conf/c.yaml, key 'base': unknown preset 'nowhere'"):
+        load_config("c")
