@@ -154,8 +154,8 @@ class ExpansionConfig:
 class CentralizedConfig:
     """Reference trainer with all data in one place."""
 
-    epochs: int = 30
-    lr: float = 0.005
+    epochs: int = 40
+    lr: float = 0.001
     batch_users: int = 64
     weight_decay: float = 5e-4
 
