@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.gpu_clients import ML10M_SHAPE
 from clients.fedgnn_user import FedGNNUser, MemoryStore, build_upload, local_gradients, set_weights, user_rng
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
@@ -29,8 +30,7 @@ from strategies.fedgnn_server import FedGNNServer
 
 def split_times(users: int, device: torch.device, cache_dir: str) -> dict:
     """Median milliseconds per user of the gradient step and of building the protected upload."""
-    cfg = load_config("fedgnn", "synthetic", [f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}",
-                                              "data.synthetic.num_items=10677", "data.synthetic.mean_degree=180"])
+    cfg = load_config("fedgnn", "synthetic", [f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", *ML10M_SHAPE])
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     server = FedGNNServer(cfg, meta.num_items, meta.scale.midpoint)

@@ -30,11 +30,15 @@ from fedrec_flwr.data.synthetic import make_synthetic_multidomain
 from fedrec_flwr.fsutil import atomic_write
 
 
+# synthetic data with ML-10M's catalogue and ratings per user
+ML10M_SHAPE = ["data.synthetic.num_items=10677", "data.synthetic.mean_degree=180"]
+
+
 def fedgnn_clients_per_second(device: torch.device, users: int, rounds: int, cache_dir: str, overrides: list[str]) -> dict:
     """Median clients/s of FedGNN training rounds with users and server on `device`."""
     cfg = load_config("fedgnn", "synthetic", [
-        f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", "data.synthetic.num_items=10677",
-        "data.synthetic.mean_degree=180", f"federation.rounds={rounds}", f"federation.eval_every={rounds}", *overrides,
+        f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", *ML10M_SHAPE,
+        f"federation.rounds={rounds}", f"federation.eval_every={rounds}", *overrides,
     ])
     out = run_direct(cfg, device, log_every=0, server_device=device)
     secs = [h["round_seconds"] for h in out["history"]][1:] or [out["median_round_seconds"]]
