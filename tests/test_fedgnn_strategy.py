@@ -86,23 +86,6 @@ def test_server_step_does_not_depend_on_arrival_order(tiny_cfg):
         assert all(np.array_equal(a, b) for a, b in zip(results[0], other))
 
 
-def test_item_table_takes_its_own_learning_rate(tiny_cfg):
-    """server_opt.item_lr moves the item rows at its own rate; the model keeps server_opt.lr."""
-    from strategies.fedgnn_server import FedGNNServer, TrainUpdate
-
-    base = tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01")
-    fast = tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05")
-    moves = []
-    for cfg in (base, fast):
-        server = FedGNNServer(cfg, 80, 3.0)
-        before = server.items.detach().clone()
-        shapes = [w.shape for w in server.model_weights()]
-        ids = np.arange(40, dtype=np.int64)
-        server.apply([TrainUpdate(0, [np.ones(s, np.float32) for s in shapes], ids, np.ones((40, cfg.model.dim), np.float32))])
-        moves.append(float((before - server.items.detach()).abs().max()))
-    assert moves[0] == pytest.approx(0.01, rel=1e-5) and moves[1] == pytest.approx(0.05, rel=1e-5)
-
-
 def _push_items(server, signs):
     """Apply one update per sign: every model gradient and item row equal to that sign."""
     from strategies.fedgnn_server import TrainUpdate
@@ -112,6 +95,21 @@ def _push_items(server, signs):
     for sign in signs:
         server.apply([TrainUpdate(0, [np.full(s, sign, np.float32) for s in shapes], ids,
                                   np.full((40, server.cfg.model.dim), sign, np.float32))])
+
+
+def test_item_table_takes_its_own_learning_rate(tiny_cfg):
+    """server_opt.item_lr moves the item rows at its own rate; the model keeps server_opt.lr."""
+    from strategies.fedgnn_server import FedGNNServer
+
+    base = tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01")
+    fast = tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05")
+    moves = []
+    for cfg in (base, fast):
+        server = FedGNNServer(cfg, 80, 3.0)
+        before = server.items.detach().clone()
+        _push_items(server, [1.0])
+        moves.append(float((before - server.items.detach()).abs().max()))
+    assert moves[0] == pytest.approx(0.01, rel=1e-5) and moves[1] == pytest.approx(0.05, rel=1e-5)
 
 
 def test_lr_decay_shrinks_both_rates_after_every_round(tiny_cfg):
