@@ -137,6 +137,9 @@ class ServerOptConfig:
     item_beta1: float = 0.9
     # both learning rates are multiplied by this after every training round (1.0: constant)
     lr_decay: float = 1.0
+    # decoupled weight decay of the item table (AdamW style): every row shrinks by item rate x this
+    # after each round. Rows of rarely rated items are mostly accumulated LDP noise; decay bounds it
+    item_weight_decay: float = 0.0
 
 
 @dataclass
@@ -239,7 +242,7 @@ _POSITIVE = (
 _NON_NEGATIVE = (
     "privacy.pseudo_items", "privacy.clip_delta", "model.dropout", "expansion.max_neighbours",
     "federation.round_timeout", "simulation.num_cpus", "simulation.num_gpus", "faults.straggle_seconds",
-    "checkpoint.every", "server_opt.item_lr",
+    "checkpoint.every", "server_opt.item_lr", "server_opt.item_weight_decay",
 )
 _PROBABILITIES = ("faults.crash", "faults.straggle", "faults.malformed", "federation.eval_fraction")
 
@@ -328,6 +331,10 @@ def _validate(cfg: AppConfig) -> None:
         raise ConfigError(f"config key 'server_opt.item_beta1' = {cfg.server_opt.item_beta1}; expected 0 <= beta1 < 1")
     if not 0.0 < cfg.server_opt.lr_decay <= 1.0:
         raise ConfigError(f"config key 'server_opt.lr_decay' = {cfg.server_opt.lr_decay}; expected 0 < decay <= 1")
+    item_rate = cfg.server_opt.item_lr or cfg.server_opt.lr
+    if item_rate * cfg.server_opt.item_weight_decay >= 1.0:
+        raise ConfigError(f"config key 'server_opt.item_weight_decay' = {cfg.server_opt.item_weight_decay}; the item "
+                          f"rate {item_rate} times it must stay below 1 (each round scales rows by 1 - rate * decay)")
     if not 0.0 <= cfg.model.dropout < 1.0:
         raise ConfigError(f"config key 'model.dropout' = {cfg.model.dropout}; expected 0 <= dropout < 1")
     if cfg.federation.min_clients > cfg.federation.clients_per_round:

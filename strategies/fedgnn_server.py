@@ -197,6 +197,10 @@ class FedGNNServer:
         grad = torch.sparse_coo_tensor(index, torch.from_numpy(rows).to(self.device), self.items.shape)
         self.items.grad = grad.coalesce() if isinstance(self.item_opt, torch.optim.SparseAdam) else grad.to_dense()
         self.item_opt.step()
+        decay = self.cfg.server_opt.item_weight_decay
+        if decay:  # decoupled from the gradient step, at the item table's current (decayed) rate
+            with torch.no_grad():
+                self.items.mul_(1.0 - self.item_opt.param_groups[0]["lr"] * decay)
         for schedule in self.lr_schedules:
             schedule.step()
 

@@ -78,6 +78,8 @@ def test_fault_probabilities_are_checked():
     ("server_opt.item_beta1=1.0", "'server_opt.item_beta1' = 1.0; expected 0 <= beta1 < 1"),
     ("server_opt.lr_decay=0", "'server_opt.lr_decay' = 0.0; expected 0 < decay <= 1"),
     ("server_opt.lr_decay=1.5", "'server_opt.lr_decay' = 1.5; expected 0 < decay <= 1"),
+    ("server_opt.item_weight_decay=-1", "'server_opt.item_weight_decay' = -1.0; expected >= 0"),
+    ("server_opt.item_weight_decay=100", "'server_opt.item_weight_decay' = 100.0; the item rate 0.01 times it must stay below 1"),
 ])
 def test_server_optimiser_ranges_are_checked(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

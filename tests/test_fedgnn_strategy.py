@@ -127,6 +127,20 @@ def test_lr_decay_shrinks_both_rates_after_every_round(tiny_cfg):
     np.testing.assert_allclose(moves, [(0.05, 0.01), (0.025, 0.005), (0.0125, 0.0025)], rtol=1e-4)
 
 
+def test_item_weight_decay_shrinks_every_row_at_the_current_item_rate(tiny_cfg):
+    """server_opt.item_weight_decay = w: each round scales all item rows by 1 - item_rate * w (the rate
+    after lr_decay), whether or not the round touched them; the model's weights are not decayed."""
+    from strategies.fedgnn_server import FedGNNServer
+
+    server = FedGNNServer(tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05",
+                                   "server_opt.lr_decay=0.5", "server_opt.item_weight_decay=2"), 80, 3.0)
+    start, model = server.items.detach().clone(), server.model_weights()
+    _push_items(server, [0.0, 0.0])  # zero gradients: only the decay moves anything
+    np.testing.assert_allclose(server.items.detach().numpy(), start.numpy() * (1 - 0.05 * 2) * (1 - 0.025 * 2), rtol=1e-5)
+    for a, b in zip(model, server.model_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("beta1", [0.9, 0.99])
 def test_item_beta1_sets_how_long_adam_remembers_an_item_row_gradient(tiny_cfg, beta1):
     """Gradient +1 then -1: the second Adam step undoes only the share of the first that beta1 forgets."""
