@@ -81,11 +81,12 @@ def test_a_user_claimed_by_two_nodes_is_refused(tiny_cfg):
     assert any("already registered by another node" in why for _, why in strategy.rejections)
 
 
-@pytest.mark.parametrize("server_opt", [(), ("server_opt.name=adam", "server_opt.lr_decay=0.8", "server_opt.item_beta1=0.99")])
+@pytest.mark.parametrize("server_opt", [(), ("server_opt.name=adam", "server_opt.lr_decay=0.8", "server_opt.item_beta1=0.99",
+                                        "server_opt.item_weight_decay=1.0")])
 def test_killed_and_resumed_run_ends_with_the_uninterrupted_metrics(tiny_cfg, tmp_path, server_opt):
     """Kill after Flower round 5 (checkpoint at training round 4), resume on fresh nodes with new ids.
 
-    With Adam and a decaying rate the checkpoint must carry optimiser moments and the schedule too."""
+    With Adam, a decaying rate and item weight decay the checkpoint must carry optimiser moments and the schedule too."""
     base = (*SMALL, "checkpoint.every=2", *server_opt)
     clean = _run(tiny_cfg(*base, f"output_dir={tmp_path / 'clean'}"), 5, files_root=tmp_path / "clean-devices")
     cfg = tiny_cfg(*base, f"output_dir={tmp_path / 'killed'}")
