@@ -141,6 +141,11 @@ class ServerOptConfig:
     # after each round. Rows of rarely rated items are mostly accumulated LDP noise; decay bounds it
     item_weight_decay: float = 0.0
 
+    @property
+    def item_rate(self) -> float:
+        """The item table's starting learning rate: item_lr, or lr when item_lr is 0."""
+        return self.item_lr or self.lr
+
 
 @dataclass
 class ExpansionConfig:
@@ -331,7 +336,7 @@ def _validate(cfg: AppConfig) -> None:
         raise ConfigError(f"config key 'server_opt.item_beta1' = {cfg.server_opt.item_beta1}; expected 0 <= beta1 < 1")
     if not 0.0 < cfg.server_opt.lr_decay <= 1.0:
         raise ConfigError(f"config key 'server_opt.lr_decay' = {cfg.server_opt.lr_decay}; expected 0 < decay <= 1")
-    item_rate = cfg.server_opt.item_lr or cfg.server_opt.lr
+    item_rate = cfg.server_opt.item_rate
     if item_rate * cfg.server_opt.item_weight_decay >= 1.0:
         raise ConfigError(f"config key 'server_opt.item_weight_decay' = {cfg.server_opt.item_weight_decay}; the item "
                           f"rate {item_rate} times it must stay below 1 (each round scales rows by 1 - rate * decay)")

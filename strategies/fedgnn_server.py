@@ -136,13 +136,12 @@ class FedGNNServer:
         self.items = torch.nn.Parameter((torch.randn(num_items, cfg.model.dim, generator=gen) * 0.1).to(self.device))
         params = list(self.model.parameters())
         so = cfg.server_opt
-        item_lr = so.item_lr or so.lr
         if so.name == "adam":
             self.model_opt = torch.optim.Adam(params, lr=so.lr)
-            self.item_opt = torch.optim.SparseAdam([self.items], lr=item_lr, betas=(so.item_beta1, 0.999))
+            self.item_opt = torch.optim.SparseAdam([self.items], lr=so.item_rate, betas=(so.item_beta1, 0.999))
         else:
             self.model_opt = torch.optim.SGD(params, lr=so.lr, momentum=so.momentum)
-            self.item_opt = torch.optim.SGD([self.items], lr=item_lr)
+            self.item_opt = torch.optim.SGD([self.items], lr=so.item_rate)
         # ExponentialLR decays each group's current rate in place, so the optimiser state in a checkpoint carries it
         self.lr_schedules = [torch.optim.lr_scheduler.ExponentialLR(opt, so.lr_decay) for opt in (self.model_opt, self.item_opt)]
         self.model_shapes = [tuple(p.shape) for p in params]
