@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +23,13 @@ from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partition
 from fedrec_flwr.results import load_results
 
 ROOT = Path(__file__).resolve().parent.parent
+STARTED_RUN = re.compile(r"started run (\d+)")
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _flwr_binary() -> str:
@@ -34,6 +43,44 @@ def federation_config(num_nodes: int, cfg) -> str:
     sim = cfg.simulation
     return (f"num-supernodes={num_nodes} client-resources-num-cpus={sim.num_cpus:g} "
             f"client-resources-num-gpus={sim.num_gpus:g}")
+
+
+def stream_flwr_run(cmd: list[str], env: dict[str, str]) -> int:
+    """Run `flwr run --stream`, echoing its output, and return its exit code.
+
+    `flwr run` hands the run to a background SuperLink, so killing this process alone would leave the
+    simulation training. On SIGTERM or SIGINT this stops the run on the SuperLink (`flwr stop RUN_ID`),
+    ends `flwr run`, and exits with 128 + the signal number.
+    """
+    def interrupted(signum, _frame):
+        raise _Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, interrupted) for sig in (signal.SIGTERM, signal.SIGINT)}
+    run_id = None
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1)
+    try:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if run_id is None and (m := STARTED_RUN.search(line)):
+                run_id = m.group(1)
+        return proc.wait()
+    except _Interrupted as stop:
+        if run_id is not None:
+            print(f"stopping run {run_id} on the SuperLink", flush=True)
+            subprocess.run([cmd[0], "stop", run_id, "local"], env=env, cwd=ROOT, timeout=120, check=False)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise SystemExit(128 + stop.signum) from None
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if proc.poll() is None:
+            proc.kill()
 
 
 def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> dict:
@@ -54,10 +101,10 @@ def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> 
     cmd = [_flwr_binary(), "run", str(ROOT), "local", "--stream",
            "--federation-config", federation_config(num_nodes, cfg), "--run-config", run_config]
     print("+", " ".join(cmd), flush=True)
-    proc = subprocess.run(cmd, env=env, cwd=ROOT)
+    returncode = stream_flwr_run(cmd, env)
     results = out / "results.json"
-    if proc.returncode != 0 or not results.is_file() or load_results(out).get("status") != "finished":
-        raise SystemExit(f"federated run failed (exit {proc.returncode}); see the log above and {results}")
+    if returncode != 0 or not results.is_file() or load_results(out).get("status") != "finished":
+        raise SystemExit(f"federated run failed (exit {returncode}); see the log above and {results}")
     return load_results(out)
 
 

@@ -1,0 +1,67 @@
+"""benchmarks.run's wrapper around `flwr run`: output and exit code pass through, and a driver that
+is killed stops its run on the SuperLink instead of leaving the simulation training."""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from benchmarks.run import stream_flwr_run
+
+# Stands in for the flwr CLI: logs every call, and `run` prints what the real one prints, then
+# either trains for a minute (FAKE_RUN_SECONDS) or exits with FAKE_RUN_EXIT.
+FAKE_FLWR = """#!{python}
+import os, pathlib, sys, time
+here = pathlib.Path(sys.argv[0]).parent
+with (here / "calls.log").open("a") as f:
+    f.write(" ".join(sys.argv[1:]) + "\\n")
+if sys.argv[1] == "run":
+    print("Successfully started run 4242", flush=True)
+    print("INFO :      [ROUND 1]", flush=True)
+    (here / "started").touch()
+    time.sleep(float(os.environ.get("FAKE_RUN_SECONDS", "0")))
+    sys.exit(int(os.environ.get("FAKE_RUN_EXIT", "0")))
+"""
+
+
+@pytest.fixture
+def fake_flwr(tmp_path):
+    path = tmp_path / "flwr"
+    path.write_text(FAKE_FLWR.format(python=sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+def calls(fake_flwr) -> list[str]:
+    return (fake_flwr.parent / "calls.log").read_text().splitlines()
+
+
+def test_output_and_exit_code_pass_through(fake_flwr, capsys):
+    env = dict(os.environ, FAKE_RUN_EXIT="3")
+    assert stream_flwr_run([str(fake_flwr), "run", ".", "local", "--stream"], env) == 3
+    assert "Successfully started run 4242" in capsys.readouterr().out
+    assert calls(fake_flwr) == ["run . local --stream"]
+
+
+def test_sigterm_stops_the_run_on_the_superlink(fake_flwr):
+    def kill_once_started():
+        deadline = time.time() + 60
+        while not (fake_flwr.parent / "started").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the driver reads the run id printed just before the marker
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    killer = threading.Thread(target=kill_once_started)
+    killer.start()
+    t0 = time.time()
+    with pytest.raises(SystemExit) as stopped:
+        stream_flwr_run([str(fake_flwr), "run", ".", "local", "--stream"], dict(os.environ, FAKE_RUN_SECONDS="60"))
+    killer.join()
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert calls(fake_flwr) == ["run . local --stream", "stop 4242 local"]
+    assert time.time() - t0 < 45  # `flwr run` itself was ended, not waited for
+    assert signal.getsignal(signal.SIGTERM) is before
