@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -20,8 +21,13 @@ from fedrec_flwr.models import build_model
 from strategies.fedgnn_server import FedGNNServer, sample_users
 
 
-def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None) -> dict:
-    """Run cfg.federation.rounds FedGNN rounds in-process; returns final metrics and timings."""
+def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,
+               probe: Callable[[FedGNNServer, Callable[[np.ndarray | None], float]], dict] | None = None) -> dict:
+    """Run cfg.federation.rounds FedGNN rounds in-process; returns final metrics and timings.
+
+    `probe(server, rmse)`, if given, runs at every evaluation and its dict joins that round's record;
+    `rmse(table)` is the RMSE of all users evaluating against another item table (None: the server's).
+    """
     if cfg.expansion.mode != "none":
         raise ValueError("benchmarks.direct drives training rounds only; run graph expansion through flwr run")
     parts = UserPartitions(prepare_partitions(cfg.data))
@@ -44,12 +50,19 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
         server.apply(updates)
         rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": len(updates)}
         if (rnd - 1) % cfg.federation.eval_every == 0 or rnd - 1 == cfg.federation.rounds:
-            sse = n = 0.0
             weights = server.model_weights()
-            for u in users:
-                s, _, k = FedGNNUser(cfg, meta, parts.user(u), store, device, model).evaluate(weights, server.rows_for(u))
-                sse, n = sse + s, n + k
-            rec["rmse"] = float(np.sqrt(sse / n))
+
+            def rmse(table: np.ndarray | None = None) -> float:
+                sse = n = 0.0
+                for u in users:
+                    rows = server.rows_for(u) if table is None else table[server.registry[u]]
+                    s, _, k = FedGNNUser(cfg, meta, parts.user(u), store, device, model).evaluate(weights, rows)
+                    sse, n = sse + s, n + k
+                return float(np.sqrt(sse / n))
+
+            rec["rmse"] = rmse()
+            if probe is not None:
+                rec.update(probe(server, rmse))
             if log_every:
                 print(f"[direct] round {rec['round']} rmse {rec['rmse']:.4f} ({rec['round_seconds']:.2f}s/round)", flush=True)
         history.append(rec)
