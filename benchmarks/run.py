@@ -69,7 +69,10 @@ def stream_flwr_run(cmd: list[str], env: dict[str, str]) -> int:
     except _Interrupted as stop:
         if run_id is not None:
             print(f"stopping run {run_id} on the SuperLink", flush=True)
-            subprocess.run([cmd[0], "stop", run_id, "local"], env=env, cwd=ROOT, timeout=120, check=False)
+            try:
+                subprocess.run([cmd[0], "stop", run_id, "local"], env=env, cwd=ROOT, timeout=120, check=False)
+            except subprocess.TimeoutExpired:
+                print(f"flwr stop {run_id} did not answer in 120 s: check `flwr ls local`", flush=True)
         proc.terminate()
         try:
             proc.wait(timeout=30)
