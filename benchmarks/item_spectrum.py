@@ -39,19 +39,19 @@ def gavish_donoho_threshold(singular_values: np.ndarray, shape: tuple[int, int])
     return omega * float(np.median(singular_values))
 
 
-def truncate(table: np.ndarray, rank: int) -> np.ndarray:
-    """The best rank-`rank` approximation of `table` (Eckart-Young), as float32."""
+def rank_cuts(table: np.ndarray, ranks: list[int]) -> dict[int, np.ndarray]:
+    """The best rank-r approximation of `table` (Eckart-Young) for every r in `ranks`, from one SVD, as float32."""
     u, sv, vt = np.linalg.svd(np.asarray(table, np.float64), full_matrices=False)
-    return ((u[:, :rank] * sv[:rank]) @ vt[:rank]).astype(np.float32)
+    return {r: ((u[:, :r] * sv[:r]) @ vt[:r]).astype(np.float32) for r in ranks}
 
 
 def spectrum_probe(ranks: list[int], keep_values: int = 40) -> Callable:
     """A `run_direct` probe recording the item table's spectrum and the RMSE at each truncation rank."""
     def probe(server, rmse) -> dict:
         table = server.items.detach().cpu().numpy().astype(np.float64)
-        u, sv, vt = np.linalg.svd(table, full_matrices=False)
+        sv = np.linalg.svd(table, compute_uv=False)
         threshold = gavish_donoho_threshold(sv, table.shape)
-        at_rank = {str(r): rmse(((u[:, :r] * sv[:r]) @ vt[:r]).astype(np.float32)) for r in ranks}
+        at_rank = {str(r): rmse(cut) for r, cut in rank_cuts(table, ranks).items()}
         return {"singular_values": sv[:keep_values].round(4).tolist(), "gd_threshold": round(threshold, 4),
                 "gd_rank": int((sv > threshold).sum()), "rmse_at_rank": at_rank}
     return probe

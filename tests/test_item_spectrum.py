@@ -4,7 +4,7 @@ tables are evaluated by the same users and code as the full one."""
 import numpy as np
 
 from benchmarks.direct import run_direct
-from benchmarks.item_spectrum import gavish_donoho_threshold, spectrum_probe, truncate
+from benchmarks.item_spectrum import gavish_donoho_threshold, rank_cuts, spectrum_probe
 from fedrec_flwr.config import load_config
 
 
@@ -24,12 +24,12 @@ def test_gavish_donoho_keeps_planted_components_and_drops_pure_noise():
     assert (sv > gavish_donoho_threshold(sv, noise.shape)).sum() == 3
 
 
-def test_truncate_is_the_best_low_rank_approximation():
+def test_rank_cuts_are_the_best_low_rank_approximations():
     rng = np.random.default_rng(1)
     a = rng.standard_normal((50, 20))
     sv = np.linalg.svd(a, compute_uv=False)
-    for r in (1, 5, 20):
-        err = np.linalg.norm(a - truncate(a, r))
+    for r, cut in rank_cuts(a, [1, 5, 20]).items():
+        err = np.linalg.norm(a - cut)
         assert np.isclose(err, np.sqrt((sv[r:] ** 2).sum()), rtol=1e-5, atol=1e-4)  # Eckart-Young; float32 output
 
 
