@@ -32,9 +32,9 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
         raise ValueError("benchmarks.direct drives training rounds only; run graph expansion through flwr run")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
-    server = FedGNNServer(cfg, meta.num_items, meta.scale.midpoint, server_device)
+    server = FedGNNServer(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
     store = MemoryStore()
-    model = build_model(cfg.model, meta.scale.midpoint)  # one device-side model, shared by users in turn
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device-side model, shared by users in turn
     users = [u for u in range(meta.num_users) if parts.user(u).train_items.size]
     for u in users:
         server.register(u, FedGNNUser(cfg, meta, parts.user(u), store, device, model).register())

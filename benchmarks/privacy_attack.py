@@ -44,7 +44,7 @@ def within_upload_auc(cfg, users: int, mode: str) -> np.ndarray:
     """
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
-    model = build_model(cfg.model, meta.scale.midpoint)
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
     aucs = []
     for u in range(min(users, meta.num_users)):
         data = parts.user(u)

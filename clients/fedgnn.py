@@ -34,7 +34,7 @@ class FedGNNClient(NumPyClient):
         self.cfg, self.meta, self.user_ids, self.load_user, self.store = cfg, meta, list(user_ids), load_user, store
         self._hosted = set(self.user_ids)
         self.device = device or torch.device("cpu")
-        self.model = build_model(cfg.model, meta.scale.midpoint)  # one copy, shared by the hosted users in turn
+        self.model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one copy, shared by the hosted users in turn
         self.faults = FaultPlan(cfg.faults, cfg.seed)
 
     def _user(self, u: int) -> FedGNNUser:

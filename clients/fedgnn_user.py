@@ -106,6 +106,7 @@ def local_gradients(
         return zeros, np.zeros((0, item_rows.shape[1]), np.float32), state.embedding.copy(), 0.0
     pos = np.searchsorted(state.anonymity_ids, data.train_items)
     items_x = torch.tensor(item_rows[pos], device=device, requires_grad=True)
+    features = _features_of(data, data.train_items, device)
     user_x = torch.tensor(state.embedding[None, :], device=device, requires_grad=True)
     targets = torch.from_numpy(data.train_values).to(device)
     neigh_x = torch.from_numpy(state.neighbours).to(device)
@@ -116,7 +117,7 @@ def local_gradients(
     losses = []
     for _ in range(cfg.federation.local_steps):
         pick = torch.from_numpy(rng.permutation(data.train_items.size)[: cfg.federation.batch_size]).to(device)
-        pred, _ = model(batch, user_x, items_x, None, neigh_x)
+        pred, _ = model(batch, user_x, model.item_input(items_x, features), None, neigh_x)
         loss = torch.mean((pred[pick] - targets[pick]) ** 2)
         grads = torch.autograd.grad(loss, [*params, items_x, user_x])
         # uploads carry the gradient of the summed loss when federation.loss = "sum": per-row
@@ -129,7 +130,7 @@ def local_gradients(
             user_x -= cfg.federation.user_lr * grads[-1]
         losses.append(loss.item())
     for _ in range(cfg.federation.user_steps - 1):  # extra private steps: personalisation costs no privacy
-        pred, _ = model(batch, user_x, items_x.detach(), None, neigh_x)
+        pred, _ = model(batch, user_x, model.item_input(items_x, features).detach(), None, neigh_x)
         (g_user,) = torch.autograd.grad(torch.mean((pred - targets) ** 2), [user_x])
         with torch.no_grad():
             user_x -= cfg.federation.user_lr * g_user
@@ -140,6 +141,13 @@ def local_gradients(
         user_x.detach()[0].cpu().numpy(),
         float(np.mean(losses)),
     )
+
+
+def _features_of(data: UserData, items: np.ndarray, device: torch.device) -> torch.Tensor | None:
+    """The public features of `items` from the catalogue the user holds, or None without features."""
+    if data.item_features is None:
+        return None
+    return torch.from_numpy(np.ascontiguousarray(data.item_features[items])).to(device)
 
 
 def build_upload(
@@ -171,6 +179,8 @@ def evaluate_user(
     batch = build_star_batch([data.train_items.size], [data.test_items.size], [state.neighbours.shape[0]]).to(device)
     neigh_x = torch.from_numpy(state.neighbours).to(device)
     with torch.no_grad():
+        train_x = model.item_input(train_x, _features_of(data, data.train_items, device))
+        query_x = model.item_input(query_x, _features_of(data, data.test_items, device))
         _, pred = model(batch, torch.from_numpy(state.embedding[None, :]).to(device), train_x, query_x, neigh_x)
     return squared_error_sum(pred.cpu().numpy(), data.test_values, low, high)
 
@@ -182,7 +192,7 @@ class FedGNNUser:
                  model: RatingGNN | None = None):
         self.cfg, self.meta, self.data, self.store = cfg, meta, data, store
         self.device = device or torch.device("cpu")
-        self.model = model if model is not None else build_model(cfg.model, meta.scale.midpoint)
+        self.model = model if model is not None else build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
         self.state: UserState = store.load(data.user) or init_user_state(cfg, meta, data)
 
     @property

@@ -35,7 +35,8 @@ class CentralizedTrainer:
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         d = cfg.model.dim
-        self.model = build_model(cfg.model, ds.scale.midpoint)
+        self.model = build_model(cfg.model, ds.scale.midpoint, 0 if ds.item_features is None else ds.item_features.shape[1])
+        self.features = None if ds.item_features is None else torch.from_numpy(ds.item_features)
         self.user_emb = torch.nn.Parameter(torch.randn(ds.num_users, d) * 0.1)
         self.item_emb = torch.nn.Parameter(torch.randn(ds.num_items, d) * 0.1)
         params = [*self.model.parameters(), self.user_emb, self.item_emb]
@@ -50,10 +51,13 @@ class CentralizedTrainer:
         train_items = torch.from_numpy(np.concatenate([i for i, _ in tr]))
         query_items = torch.from_numpy(np.concatenate([i for i, _ in te])) if te else None
         pred_t, pred_q = self.model(
-            batch, self.user_emb[torch.from_numpy(users)], self.item_emb[train_items],
-            self.item_emb[query_items] if query_items is not None else None,
+            batch, self.user_emb[torch.from_numpy(users)], self._item_input(train_items),
+            self._item_input(query_items) if query_items is not None else None,
         )
         return pred_t, pred_q, tr, te
+
+    def _item_input(self, items: torch.Tensor) -> torch.Tensor:
+        return self.model.item_input(self.item_emb[items], None if self.features is None else self.features[items])
 
     def train_epoch(self) -> float:
         """One pass over all users in shuffled batches; returns the mean training loss."""

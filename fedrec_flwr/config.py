@@ -45,6 +45,9 @@ class DataConfig:
     cache_dir: str = ".cache/fedrec"
     download: bool = False
     catalogue: str = ""  # deployment: the server reads dataset facts from this file, never the ratings
+    # public item metadata as a FedGNN model input (ML-100K: u.item genres; synthetic: planted
+    # genres). Not in the paper's model; a shared F x d weight maps it into item rows' space
+    item_features: bool = False
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 

@@ -55,10 +55,11 @@ def export_nodes(cfg: AppConfig, out: Path, users: list[int] | None = None) -> P
         meta = parts.meta
         for u in users if users is not None else range(meta.num_users):
             d = parts.user(u)
+            public = {} if d.item_features is None else {"item_features": d.item_features}  # the catalogue's, not the user's
             atomic_write(out / f"user-{u}.npz", _npz({
                 "user": np.int64(u), "train_items": d.train_items, "train_values": d.train_values,
                 "test_items": d.test_items, "test_values": d.test_values,
-                "meta": np.array(json.dumps(asdict(meta))),
+                "meta": np.array(json.dumps(asdict(meta))), **public,
             }))
         cat = {"algorithm": "fedgnn", **asdict(meta)}
     return atomic_write(out / CATALOGUE, json.dumps(cat, indent=1))
@@ -90,8 +91,13 @@ def load_user_file(path: Path | str) -> tuple[PartitionMeta, UserData]:
         if missing:
             raise NodeDataError(f"node data-path {path}: missing arrays {sorted(missing)}")
         meta = _meta_from_json(str(z["meta"]), str(path))
+        features = z["item_features"].astype(np.float32) if "item_features" in z.files else None
+        want = (meta.num_items, meta.num_item_features)
+        if meta.num_item_features and (features is None or features.shape != want):
+            got = "none" if features is None else f"shape {features.shape}"
+            raise NodeDataError(f"node data-path {path}: item_features {got}, expected shape {want} (the catalogue's public item features)")
         data = UserData(int(z["user"]), z["train_items"].astype(np.int64), z["train_values"].astype(np.float32),
-                        z["test_items"].astype(np.int64), z["test_values"].astype(np.float32))
+                        z["test_items"].astype(np.int64), z["test_values"].astype(np.float32), features)
     if data.train_items.size and (data.train_items.max() >= meta.num_items or data.train_items.min() < 0):
         raise NodeDataError(f"node data-path {path}: item ids outside [0, {meta.num_items})")
     return meta, data

@@ -37,7 +37,8 @@ def server_fn(context: Context) -> ServerAppComponents:
           f"{meta.num_train} train / {meta.num_test} test ratings; output {cfg.output_dir}", flush=True)
     recorder = RunRecorder(cfg.output_dir, cfg.algorithm, meta.dataset, to_dict(cfg))
     link = _expansion_link(cfg, meta.num_items) if cfg.expansion.mode != "none" else None
-    strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, recorder, meta.num_users, link)
+    strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, recorder, meta.num_users, link,
+                               num_item_features=meta.num_item_features)
     timeout = cfg.federation.round_timeout or None
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=strategy.num_rounds, round_timeout=timeout))
 

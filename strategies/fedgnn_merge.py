@@ -62,7 +62,7 @@ class FedGNNStrategy(FedAvg):
 
     def __init__(
         self, cfg: AppConfig, num_items: int, bias_init: float, recorder: RunRecorder | None = None,
-        num_users: int = 0, expansion: ExpansionLink | None = None, **kwargs,
+        num_users: int = 0, expansion: ExpansionLink | None = None, num_item_features: int = 0, **kwargs,
     ):
         super().__init__(
             min_fit_clients=1,
@@ -73,7 +73,7 @@ class FedGNNStrategy(FedAvg):
         )
         self.cfg = cfg
         self.num_items = num_items
-        self.server = FedGNNServer(cfg, num_items, bias_init)
+        self.server = FedGNNServer(cfg, num_items, bias_init, num_item_features=num_item_features)
         self.node_users: dict[int, list[int]] = {}  # node id -> the users it registered
         self.user_node: dict[int, int] = {}
         self.recorder = recorder

@@ -127,12 +127,13 @@ class TrainUpdate:
 class FedGNNServer:
     """What the recommendation server holds and does: model, item table, optimisers, registry."""
 
-    def __init__(self, cfg: AppConfig, num_items: int, bias_init: float, device: torch.device | None = None):
+    def __init__(self, cfg: AppConfig, num_items: int, bias_init: float, device: torch.device | None = None,
+                 num_item_features: int = 0):
         self.cfg, self.num_items = cfg, num_items
         self.device = device or torch.device("cpu")
         torch.manual_seed(cfg.seed)
         gen = torch.Generator().manual_seed(cfg.seed + 1)
-        self.model = build_model(cfg.model, bias_init).to(self.device)
+        self.model = build_model(cfg.model, bias_init, num_item_features).to(self.device)
         self.items = torch.nn.Parameter((torch.randn(num_items, cfg.model.dim, generator=gen) * 0.1).to(self.device))
         params = list(self.model.parameters())
         so = cfg.server_opt

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from .partition import UserData, UserPartitions, fingerprint, write_partitions
@@ -23,7 +23,7 @@ def load_from_config(data_cfg) -> AnyDataset:
     """Load the dataset a DataConfig names."""
     return load_dataset(
         data_cfg.name, data_cfg.data_dir, data_cfg.cache_dir, data_cfg.download, data_cfg.seed,
-        asdict(data_cfg.synthetic),
+        asdict(data_cfg.synthetic), data_cfg.item_features,
     )
 
 
@@ -36,15 +36,20 @@ def load_multidomain(data_cfg) -> MultiDomainDataset:
 
 
 def _build_key(data_cfg) -> dict:
+    features = {"item_features": True} if data_cfg.item_features else {}  # keeps the keys of caches built before the option
     if data_cfg.name.startswith("synthetic"):
-        return {"name": data_cfg.name, "seed": data_cfg.seed, "synthetic": asdict(data_cfg.synthetic)}
+        return {"name": data_cfg.name, "seed": data_cfg.seed, "synthetic": asdict(data_cfg.synthetic), **features}
     spec = get_spec(data_cfg.name)
-    root = resolve_root(spec, Path(data_cfg.data_dir), Path(data_cfg.cache_dir), data_cfg.download)
+    groups = [spec]  # the feature file is looked up on its own, as load_dataset does
+    if data_cfg.item_features and spec.item_features:
+        groups.append(replace(spec, files=(spec.item_features[0],)))
     stats = {}
-    for f in spec.files:
-        st = (root / f.relpath).stat()
-        stats[f.relpath] = (str((root / f.relpath).resolve()), st.st_size, st.st_mtime_ns)
-    return {"name": spec.name, "seed": data_cfg.seed, "files": stats}
+    for group in groups:
+        root = resolve_root(group, Path(data_cfg.data_dir), Path(data_cfg.cache_dir), data_cfg.download)
+        for f in group.files:
+            st = (root / f.relpath).stat()
+            stats[f.relpath] = (str((root / f.relpath).resolve()), st.st_size, st.st_mtime_ns)
+    return {"name": spec.name, "seed": data_cfg.seed, "files": stats, **features}
 
 
 def prepare_partitions(data_cfg) -> Path:

@@ -10,10 +10,10 @@ from .readers import check_ids, read_delimited, read_mat_v73
 from .types import DataError, Domain, MultiDomainDataset, RatingDataset, Ratings, RatingScale
 
 
-def _compact(train_raw: np.ndarray, test_raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Map raw ids (any integers) to 0..n-1 over the union of train and test."""
+def _compact(train_raw: np.ndarray, test_raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Map raw ids (any integers) to 0..n-1 over the union of train and test; also the raw id of each."""
     uniq, inv = np.unique(np.concatenate([train_raw, test_raw]), return_inverse=True)
-    return inv[: train_raw.size].astype(np.int64), inv[train_raw.size :].astype(np.int64), int(uniq.size)
+    return inv[: train_raw.size].astype(np.int64), inv[train_raw.size :].astype(np.int64), uniq
 
 
 def _check_scale(path: Path, values: np.ndarray, scale: RatingScale) -> None:
@@ -34,12 +34,44 @@ def load_split_files(name: str, train_path: Path, test_path: Path, sep: str | No
         check_ids(path, "user", u, 0)
         check_ids(path, "item", i, 0)
         _check_scale(path, r, scale)
-    tr_u, te_u, n_users = _compact(tr_u, te_u)
-    tr_i, te_i, n_items = _compact(tr_i, te_i)
+    tr_u, te_u, raw_users = _compact(tr_u, te_u)
+    tr_i, te_i, raw_items = _compact(tr_i, te_i)
     return RatingDataset(
-        name, n_users, n_items, scale, Ratings(tr_u, tr_i, tr_r), Ratings(te_u, te_i, te_r),
-        meta={"train_file": str(train_path), "test_file": str(test_path)},
+        name, raw_users.size, raw_items.size, scale, Ratings(tr_u, tr_i, tr_r), Ratings(te_u, te_i, te_r),
+        meta={"train_file": str(train_path), "test_file": str(test_path), "raw_item_ids": raw_items},
     ).validate(str(train_path))
+
+
+def load_movielens_genres(path: Path, raw_item_ids: np.ndarray) -> np.ndarray:
+    """ML-100K's public genre flags (`u.item`: id|title|date|video date|url|19 flags) as item features.
+
+    Row i belongs to the item whose raw id is `raw_item_ids[i]`; each row is the multi-hot
+    genre vector scaled to sum 1, so a movie's feature input has the same size whatever its
+    number of genres. Every rated item must have a line (DataError naming the file otherwise).
+    """
+    if not path.is_file():
+        raise DataError(f"missing file {path} (data.item_features needs the MovieLens item catalogue u.item)")
+    flags: dict[int, np.ndarray] = {}
+    with path.open("r", encoding="latin-1") as fh:  # titles are latin-1 in the GroupLens release
+        for lineno, line in enumerate(fh, start=1):
+            stripped = line.rstrip("\r\n")
+            if not stripped.strip():
+                continue
+            fields = stripped.split("|")
+            if len(fields) != 24:
+                raise DataError(f"{path}:{lineno}: expected 24 '|'-separated fields (id, title, dates, url, 19 genre flags), got {len(fields)}")
+            try:
+                item, row = int(fields[0]), np.array([int(x) for x in fields[5:]], np.float32)
+            except ValueError:
+                raise DataError(f"{path}:{lineno}: expected an integer id and 19 genre flags 0/1, got {stripped[:80]!r}") from None
+            if not set(np.unique(row)) <= {0.0, 1.0}:
+                raise DataError(f"{path}:{lineno}: genre flags must be 0 or 1, got {fields[5:]}")
+            flags[item] = row
+    missing = [int(i) for i in raw_item_ids if int(i) not in flags]
+    if missing:
+        raise DataError(f"{path}: no line for {len(missing)} rated item(s), e.g. id {missing[0]}")
+    out = np.stack([flags[int(i)] for i in raw_item_ids])
+    return out / np.maximum(out.sum(1, keepdims=True), 1.0)
 
 
 def load_ratings_dat(name: str, path: Path, scale: RatingScale, seed: int = 1234, test_fraction: float = 0.1) -> RatingDataset:
@@ -48,8 +80,9 @@ def load_ratings_dat(name: str, path: Path, scale: RatingScale, seed: int = 1234
     check_ids(path, "user", users, 0)
     check_ids(path, "item", items, 0)
     _check_scale(path, values, scale)
-    users, _, n_users = _compact(users, users[:0])
-    items, _, n_items = _compact(items, items[:0])
+    users, _, raw_users = _compact(users, users[:0])
+    items, _, raw_items = _compact(items, items[:0])
+    n_users, n_items = raw_users.size, raw_items.size
     perm = np.random.RandomState(seed).permutation(users.size)
     n_test = int(np.ceil(users.size * test_fraction))
     test, train = perm[:n_test], perm[n_test:]

@@ -33,6 +33,8 @@ class UserData:
     train_values: np.ndarray
     test_items: np.ndarray
     test_values: np.ndarray
+    # the public catalogue's item features [num_items, F] (one shared array, not per user), or None
+    item_features: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class PartitionMeta:
     num_train: int
     num_test: int
     fingerprint: str
+    num_item_features: int = 0  # F of the public item features the model takes (0: none)
 
 
 def _csr(num_users: int, part: Ratings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -71,7 +74,11 @@ def write_partitions(ds: RatingDataset, directory: Path, key: str) -> Path:
         te = _csr(ds.num_users, ds.test)
         for name, arr in zip(_ARRAYS, (*tr, *te)):
             np.save(tmp / f"{name}.npy", arr)
-        meta = PartitionMeta(ds.name, ds.num_users, ds.num_items, ds.scale, len(ds.train), len(ds.test), key)
+        num_features = 0
+        if ds.item_features is not None:
+            np.save(tmp / "item_features.npy", ds.item_features.astype(np.float32))
+            num_features = int(ds.item_features.shape[1])
+        meta = PartitionMeta(ds.name, ds.num_users, ds.num_items, ds.scale, len(ds.train), len(ds.test), key, num_features)
         (tmp / "meta.json").write_text(json.dumps({"format": FORMAT_VERSION, **asdict(meta)}, indent=1))
         if directory.exists():  # a concurrent builder won the race: keep its identical copy
             shutil.rmtree(tmp)
@@ -98,6 +105,8 @@ class UserPartitions:
         self.meta = PartitionMeta(**raw)
         self.directory = directory
         self._arrays = {n: np.load(directory / f"{n}.npy", mmap_mode="r") for n in _ARRAYS}
+        # public and small (items x F): every client holds all of it
+        self.item_features = np.load(directory / "item_features.npy") if self.meta.num_item_features else None
 
     def user(self, u: int) -> UserData:
         """The train and test ratings of user `u`, copied out of the memory map."""
@@ -112,4 +121,5 @@ class UserPartitions:
             np.array(a["train_values"][s:e]),
             np.array(a["test_items"][ts:te], dtype=np.int64),
             np.array(a["test_values"][ts:te]),
+            self.item_features,
         )

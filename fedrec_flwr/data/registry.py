@@ -7,12 +7,14 @@ download cache; with `download: true` missing files are fetched and verified.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Union
 
+import numpy as np
+
 from .download import RemoteFile, download_file
-from .loaders import load_disencdr_pair, load_gadtcdr, load_ratings_dat, load_split_files, load_srgcnn_mat
+from .loaders import load_disencdr_pair, load_gadtcdr, load_movielens_genres, load_ratings_dat, load_split_files, load_srgcnn_mat
 from .synthetic import make_synthetic, make_synthetic_multidomain
 from .types import DataError, MultiDomainDataset, RatingDataset, RatingScale
 
@@ -42,6 +44,8 @@ class DatasetSpec:
     files: tuple[RemoteFile, ...]
     scale: RatingScale | None
     load: Callable[[Path, int], AnyDataset]
+    # public item metadata (data.item_features): the file, and how to read it for a loaded dataset
+    item_features: tuple[RemoteFile, Callable[[Path, RatingDataset], np.ndarray]] | None = None
 
 
 def _srgcnn(name: str, scale: RatingScale, sha: str | None) -> DatasetSpec:
@@ -68,6 +72,10 @@ REGISTRY: dict[str, DatasetSpec] = {
         ),
         _ONE_TO_FIVE,
         lambda root, seed: load_split_files("ml-100k", root / "ml-100k/u1.base", root / "ml-100k/u1.test", "\t", _ONE_TO_FIVE),
+        (
+            RemoteFile("ml-100k/u.item", "553841ebc7de3a0fd0d6b62a204ea30c1e651aacfb2814c7a6584ac52f2c5701", _ML100K_ZIP, "ml-100k/u.item"),
+            lambda path, ds: load_movielens_genres(path, ds.meta["raw_item_ids"]),
+        ),
     ),
     "ml-1m": _movielens_dat("ml-1m", _ONE_TO_FIVE),
     "ml-10m": _movielens_dat("ml-10m", _HALF_TO_FIVE),
@@ -135,8 +143,31 @@ def resolve_root(spec: DatasetSpec, data_dir: Path, cache_dir: Path, download: b
     raise DataError("\n".join(lines))
 
 
-def load_dataset(name: str, data_dir: str | Path, cache_dir: str | Path = ".cache/fedrec", download: bool = False, seed: int = 0, synthetic: dict | None = None) -> AnyDataset:
-    """Load a dataset by registry name (synthetic ones are generated from `seed` and `synthetic`)."""
+def load_dataset(name: str, data_dir: str | Path, cache_dir: str | Path = ".cache/fedrec", download: bool = False, seed: int = 0,
+                 synthetic: dict | None = None, item_features: bool = False) -> AnyDataset:
+    """Load a dataset by registry name (synthetic ones are generated from `seed` and `synthetic`).
+
+    With `item_features`, a rating dataset also carries its public item metadata as a feature
+    matrix (ML-100K: genres; synthetic: planted genres); DataError for datasets without any.
+    """
+    ds = _load_ratings_or_domains(name, data_dir, cache_dir, download, seed, synthetic)
+    if isinstance(ds, RatingDataset) and ds.name == "synthetic":
+        ds.item_features = ds.item_features if item_features else None
+    elif item_features:
+        spec = None if isinstance(ds, MultiDomainDataset) else get_spec(name)
+        if spec is None or spec.item_features is None:
+            with_features = sorted(["synthetic", *(n for n, s in REGISTRY.items() if s.item_features)])
+            raise DataError(f"data.item_features = true, but dataset '{name}' has no public item features "
+                            f"(datasets with some: {', '.join(with_features)})")
+        file, read = spec.item_features
+        root = resolve_root(replace(spec, files=(file,)), Path(data_dir), Path(cache_dir), download)
+        ds.item_features = read(root / file.relpath, ds)
+        ds.validate(str(root / file.relpath))
+    return ds
+
+
+def _load_ratings_or_domains(name: str, data_dir: str | Path, cache_dir: str | Path, download: bool, seed: int,
+                             synthetic: dict | None) -> AnyDataset:
     if name == "synthetic":
         return make_synthetic(seed=seed, **(synthetic or {}))
     if name.startswith("synthetic-md"):

@@ -53,9 +53,17 @@ class RatingDataset:
     train: Ratings
     test: Ratings
     meta: dict = field(default_factory=dict)
+    # public item metadata as model input (data.item_features): float32 [num_items, F], or None
+    item_features: np.ndarray | None = None
 
     def validate(self, source: str) -> "RatingDataset":
         """Check ids and values against the declared sizes and scale; raise DataError naming `source`."""
+        if self.item_features is not None:
+            f = self.item_features
+            if f.ndim != 2 or f.shape[0] != self.num_items or f.shape[1] == 0:
+                raise DataError(f"{source}: item features of shape {f.shape}, expected ({self.num_items}, F >= 1)")
+            if not np.isfinite(f).all():
+                raise DataError(f"{source}: item features contain NaN or Inf")
         for part_name, part in (("train", self.train), ("test", self.test)):
             if len(part) == 0 and part_name == "train":
                 raise DataError(f"{source}: empty dataset (no training ratings)")

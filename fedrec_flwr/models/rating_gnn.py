@@ -56,12 +56,27 @@ class RatingGNN(nn.Module):
     """
 
     def __init__(self, kind: str, dim: int, dropout: float = 0.0, heads: int = 1, bias_init: float = 0.0,
-                 biases: bool = False):
+                 biases: bool = False, num_item_features: int = 0):
         super().__init__()
         self.encoder = StarGraphEncoder(kind, dim, dropout, heads)
         self.bias = nn.Parameter(torch.tensor(float(bias_init)))
         self.user_bias = nn.Parameter(torch.zeros(dim)) if biases else None
         self.item_bias = nn.Parameter(torch.zeros(dim)) if biases else None
+        # public item features enter as x_i = e_i + f_i W; W starts at zero (the paper's model)
+        self.item_feature_map = nn.Parameter(torch.zeros(num_item_features, dim)) if num_item_features else None
+
+    def item_input(self, rows: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
+        """Item node inputs: the item embedding rows plus the mapped public features of those items.
+
+        W is a shared model weight, so it learns from every user's (LDP-protected) model upload
+        each round, while a single item row learns only from that item's few raters. An item's
+        gradient row is unchanged (d x_i / d e_i = I), so pseudo rows and LDP see the same rows.
+        """
+        if self.item_feature_map is None:
+            return rows
+        if features is None:
+            raise ValueError("this model takes public item features (data.item_features), but none were given")
+        return rows + features @ self.item_feature_map
 
     def forward(
         self,
@@ -89,6 +104,7 @@ class RatingGNN(nn.Module):
         return pred_train, pred_query
 
 
-def build_model(model_cfg, bias_init: float) -> RatingGNN:
-    """The RatingGNN a ModelConfig describes."""
-    return RatingGNN(model_cfg.gnn, model_cfg.dim, model_cfg.dropout, model_cfg.heads, bias_init, model_cfg.biases)
+def build_model(model_cfg, bias_init: float, num_item_features: int = 0) -> RatingGNN:
+    """The RatingGNN a ModelConfig describes (taking `num_item_features` public item features)."""
+    return RatingGNN(model_cfg.gnn, model_cfg.dim, model_cfg.dropout, model_cfg.heads, bias_init, model_cfg.biases,
+                     num_item_features)
