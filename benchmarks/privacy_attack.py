@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 from scipy import stats
 
 from clients.fedgnn_user import build_upload, init_user_state, local_gradients
@@ -44,6 +45,7 @@ def within_upload_auc(cfg, users: int, mode: str) -> np.ndarray:
     """
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
+    torch.manual_seed(cfg.seed)  # model initialisation and dropout: the same numbers on every run
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
     aucs = []
     for u in range(min(users, meta.num_users)):
@@ -67,6 +69,55 @@ def within_upload_auc(cfg, users: int, mode: str) -> np.ndarray:
     return np.maximum(mean, 1 - mean)
 
 
+def _auc(scores: np.ndarray, is_real: np.ndarray) -> float:
+    return float(stats.mannwhitneyu(scores[is_real], scores[~is_real]).statistic / (is_real.sum() * (~is_real).sum()))
+
+
+def model_gradient_auc(cfg, users: int) -> dict[str, float]:
+    """Can the model part of an upload point at the real items? Mean AUC over users (0.5 = chance).
+
+    Two attacks by a server that knows every row it sent and the public item features:
+    "sent rows vs weight gradients": a d x d weight's gradient sums terms (upstream error) x (input
+    row) over the real items' edges, so its top singular vectors lean towards the sum of the real
+    items' sent rows; the score of item j is its sent row's largest |projection| on them, best weight
+    taken. "feature map" (models with public item features): the map's gradient is sum over real j
+    of f_j (x) g_j, so item j scores <map gradient, f_j (x) its uploaded row g_j>.
+    """
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    torch.manual_seed(cfg.seed)  # model initialisation and dropout: the same numbers on every run
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
+    names = [n for n, _ in model.named_parameters()]
+    square = [i for i, p in enumerate(model.parameters()) if p.dim() >= 2 and p.shape[-1] == p.shape[-2] == cfg.model.dim]
+    out: dict[str, list[float]] = {"sent rows vs weight gradients": []}
+    if meta.num_item_features:
+        out["feature map"] = []
+    for u in range(min(users, meta.num_users)):
+        data = parts.user(u)
+        if data.train_items.size < 3:
+            continue
+        state = init_user_state(cfg, meta, data)
+        rng = np.random.default_rng(u)
+        sent = (rng.standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
+        grads, real_rows, _, _ = local_gradients(cfg, model, state, data, sent, rng)
+        upload = build_upload(cfg, state, data, grads, real_rows, rng)
+        is_real = np.isin(state.anonymity_ids, data.train_items)
+        best = 0.5
+        for i in square:
+            g = upload[i].reshape(-1, cfg.model.dim, cfg.model.dim)[0]
+            left, _, right = np.linalg.svd(g)
+            score = np.maximum(np.abs(sent @ left[:, 0]), np.abs(sent @ right[0]))
+            a = _auc(score, is_real)
+            best = max(best, a, 1 - a)
+        out["sent rows vs weight gradients"].append(best)
+        if meta.num_item_features:
+            g_map = upload[names.index("item_feature_map")]
+            f = data.item_features[state.anonymity_ids]
+            a = _auc(np.einsum("jk,kl,jl->j", f, g_map, upload[-1]), is_real)
+            out["feature map"].append(max(a, 1 - a))
+    return {k: float(np.mean(v)) for k, v in out.items()}
+
+
 def main() -> None:
     """Measure the three settings and write the JSON record."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,8 +137,16 @@ def main() -> None:
         auc = within_upload_auc(cfg, args.users, mode)
         out[name] = dict(zip(FEATURES, map(float, auc)))
         print(f"{name:32s} max AUC {auc.max():.3f}  " + "  ".join(f"{f}={a:.3f}" for f, a in zip(FEATURES, auc)))
+    model_attacks = {}
+    for name, extra in (("pseudo rows + LDP (default)", []), ("pseudo rows, no LDP", ["privacy.ldp=false"])):
+        for model_name, model_set in (("paper model (GAT)", []), ("tuned model (GGNN + biases) with public item features",
+                                      ["model.gnn=ggnn", "model.biases=true", "data.item_features=true"])):
+            auc = model_gradient_auc(load_config("fedgnn", "synthetic", [*base, *extra, *model_set]), args.users)
+            model_attacks[f"{name}, {model_name}"] = auc
+            print(f"model gradients, {name}, {model_name}: " + "  ".join(f"{k}={v:.3f}" for k, v in auc.items()))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"dim": args.dim, "users": args.users, "auc": out}, indent=1))
+    Path(args.out).write_text(json.dumps({"dim": args.dim, "users": args.users, "auc": out,
+                                          "model_gradient_auc": model_attacks}, indent=1))
 
 
 if __name__ == "__main__":

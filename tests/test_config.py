@@ -93,6 +93,10 @@ def test_a_preset_inherits_from_its_base_and_overrides_it():
     assert tuned.model.dim == paper.model.dim == 256 and tuned.federation.clients_per_round == 128
     assert (tuned.model.gnn, tuned.server_opt.name, tuned.federation.batch_size) == ("ggnn", "adam", 1000)
     assert (paper.model.gnn, paper.server_opt.name) == ("gat", "sgd")  # the paper preset is untouched
+    features = load_config("fedgnn_features", "ml-100k")
+    assert features.data.item_features and not tuned.data.item_features and not paper.data.item_features
+    assert (features.privacy.pseudo_items, features.privacy.clip_delta, features.privacy.noise_lambda) == (1000, 0.1, 0.2)
+    assert (features.model.gnn, features.federation.rounds, features.federation.clients_per_round) == ("ggnn", 1000, 128)
 
 
 def test_a_broken_preset_chain_is_named(tmp_path, monkeypatch):
