@@ -38,39 +38,47 @@ def row_features(rows: np.ndarray) -> np.ndarray:
     ], 1)
 
 
-def within_upload_auc(cfg, users: int, mode: str) -> np.ndarray:
-    """Mean over users of the AUC of 'real rows score higher', per feature, folded after averaging.
+def _user_steps(cfg, users: int):
+    """For each of the first `users` users with >= 3 ratings, one local step on an untrained seeded model.
 
-    mode: "protected" (as configured), or "zeros" (pseudo rows left at zero, no LDP).
+    Yields (model, data, state, rows the server sent, model gradients, real rows, rng, is_real),
+    where is_real marks the anonymity-set entries the user rated; rng continues to the upload.
     """
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     torch.manual_seed(cfg.seed)  # model initialisation and dropout: the same numbers on every run
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
-    aucs = []
     for u in range(min(users, meta.num_users)):
         data = parts.user(u)
         if data.train_items.size < 3:
             continue
         state = init_user_state(cfg, meta, data)
         rng = np.random.default_rng(u)
-        rows = (rng.standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
-        grads, real_rows, _, _ = local_gradients(cfg, model, state, data, rows, rng)
-        is_real = np.isin(state.anonymity_ids, data.train_items)
+        sent = (rng.standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
+        grads, real_rows, _, _ = local_gradients(cfg, model, state, data, sent, rng)
+        yield model, data, state, sent, grads, real_rows, rng, np.isin(state.anonymity_ids, data.train_items)
+
+
+def _auc(scores: np.ndarray, is_real: np.ndarray) -> float:
+    return float(stats.mannwhitneyu(scores[is_real], scores[~is_real]).statistic / (is_real.sum() * (~is_real).sum()))
+
+
+def within_upload_auc(cfg, users: int, mode: str) -> np.ndarray:
+    """Mean over users of the AUC of 'real rows score higher', per feature, folded after averaging.
+
+    mode: "protected" (as configured), or "zeros" (pseudo rows left at zero, no LDP).
+    """
+    aucs = []
+    for _, data, state, _, grads, real_rows, rng, is_real in _user_steps(cfg, users):
         if mode == "zeros":
             up = np.zeros((state.anonymity_ids.size, cfg.model.dim), np.float32)
             up[is_real] = real_rows
         else:
             up = build_upload(cfg, state, data, grads, real_rows, rng)[-1]
         feats = row_features(up)
-        aucs.append([stats.mannwhitneyu(feats[is_real, j], feats[~is_real, j]).statistic / (is_real.sum() * (~is_real).sum())
-                     for j in range(feats.shape[1])])
+        aucs.append([_auc(feats[:, j], is_real) for j in range(feats.shape[1])])
     mean = np.mean(aucs, axis=0)
     return np.maximum(mean, 1 - mean)
-
-
-def _auc(scores: np.ndarray, is_real: np.ndarray) -> float:
-    return float(stats.mannwhitneyu(scores[is_real], scores[~is_real]).statistic / (is_real.sum() * (~is_real).sum()))
 
 
 def model_gradient_auc(cfg, users: int) -> dict[str, float]:
@@ -83,38 +91,21 @@ def model_gradient_auc(cfg, users: int) -> dict[str, float]:
     taken. "feature map" (models with public item features): the map's gradient is sum over real j
     of f_j (x) g_j, so item j scores <map gradient, f_j (x) its uploaded row g_j>.
     """
-    parts = UserPartitions(prepare_partitions(cfg.data))
-    meta = parts.meta
-    torch.manual_seed(cfg.seed)  # model initialisation and dropout: the same numbers on every run
-    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
-    names = [n for n, _ in model.named_parameters()]
-    square = [i for i, p in enumerate(model.parameters()) if p.dim() >= 2 and p.shape[-1] == p.shape[-2] == cfg.model.dim]
     out: dict[str, list[float]] = {"sent rows vs weight gradients": []}
-    if meta.num_item_features:
-        out["feature map"] = []
-    for u in range(min(users, meta.num_users)):
-        data = parts.user(u)
-        if data.train_items.size < 3:
-            continue
-        state = init_user_state(cfg, meta, data)
-        rng = np.random.default_rng(u)
-        sent = (rng.standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
-        grads, real_rows, _, _ = local_gradients(cfg, model, state, data, sent, rng)
+    for model, data, state, sent, grads, real_rows, rng, is_real in _user_steps(cfg, users):
         upload = build_upload(cfg, state, data, grads, real_rows, rng)
-        is_real = np.isin(state.anonymity_ids, data.train_items)
         best = 0.5
-        for i in square:
-            g = upload[i].reshape(-1, cfg.model.dim, cfg.model.dim)[0]
-            left, _, right = np.linalg.svd(g)
-            score = np.maximum(np.abs(sent @ left[:, 0]), np.abs(sent @ right[0]))
-            a = _auc(score, is_real)
+        for i, p in enumerate(model.parameters()):
+            if p.dim() < 2 or p.shape[-1] != cfg.model.dim or p.shape[-2] != cfg.model.dim:
+                continue
+            left, _, right = np.linalg.svd(upload[i].reshape(-1, cfg.model.dim, cfg.model.dim)[0])
+            a = _auc(np.maximum(np.abs(sent @ left[:, 0]), np.abs(sent @ right[0])), is_real)
             best = max(best, a, 1 - a)
         out["sent rows vs weight gradients"].append(best)
-        if meta.num_item_features:
-            g_map = upload[names.index("item_feature_map")]
-            f = data.item_features[state.anonymity_ids]
-            a = _auc(np.einsum("jk,kl,jl->j", f, g_map, upload[-1]), is_real)
-            out["feature map"].append(max(a, 1 - a))
+        if data.item_features is not None:
+            g_map = upload[[n for n, _ in model.named_parameters()].index("item_feature_map")]
+            a = _auc(np.einsum("jk,kl,jl->j", data.item_features[state.anonymity_ids], g_map, upload[-1]), is_real)
+            out.setdefault("feature map", []).append(max(a, 1 - a))
     return {k: float(np.mean(v)) for k, v in out.items()}
 
 
