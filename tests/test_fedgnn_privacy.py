@@ -12,7 +12,7 @@ from clients.fedgnn_user import MemoryStore, build_upload, init_user_state, loca
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model
 from fedrec_flwr.privacy import clip_linf, privatize, pseudo_gradient_rows
-from benchmarks.privacy_attack import FEATURES, within_upload_auc
+from benchmarks.privacy_attack import FEATURES, model_gradient_auc, within_upload_auc
 from fedrec_flwr.protocol import PHASE_REGISTER, PHASE_TRAIN
 
 
@@ -100,6 +100,20 @@ def test_attack_has_power_against_naive_padding(tiny_cfg):
     """The same attacker does find the real rows when pseudo rows are zeros: the test above can fail."""
     auc = within_upload_auc(tiny_cfg("model.dim=64", "privacy.pseudo_items=40", "privacy.ldp=false"), 30, "zeros")
     assert auc.max() > 0.9
+
+
+@pytest.mark.parametrize("model", [(), ("model.gnn=ggnn", "model.biases=true", "data.item_features=true")])
+def test_the_model_gradient_does_not_point_at_the_real_items_under_ldp(tiny_cfg, model):
+    """The model gradient sums over the real items too. Matching its top singular directions
+    against the rows the server sent (and, with public item features, the feature map's gradient
+    against features x uploaded rows) finds them without LDP; with LDP it must stay <= 0.6."""
+    sizes = ("model.dim=64", "data.synthetic.num_items=200", "data.synthetic.mean_degree=15", "privacy.pseudo_items=100", *model)
+    open_auc = model_gradient_auc(tiny_cfg(*sizes, "privacy.ldp=false"), 30)
+    assert open_auc["sent rows vs weight gradients"] > 0.7, open_auc  # the attack has power
+    protected = model_gradient_auc(tiny_cfg(*sizes), 30)
+    assert max(protected.values()) <= 0.6, protected
+    if model:
+        assert open_auc["feature map"] > 0.65 and "feature map" in protected
 
 
 def test_a_user_without_training_ratings_sends_a_valid_upload(tiny_cfg):
