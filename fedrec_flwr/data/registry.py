@@ -151,19 +151,21 @@ def load_dataset(name: str, data_dir: str | Path, cache_dir: str | Path = ".cach
     matrix (ML-100K: genres; synthetic: planted genres); DataError for datasets without any.
     """
     ds = _load_ratings_or_domains(name, data_dir, cache_dir, download, seed, synthetic)
-    if isinstance(ds, RatingDataset) and ds.name == "synthetic":
-        ds.item_features = ds.item_features if item_features else None
-    elif item_features:
-        spec = None if isinstance(ds, MultiDomainDataset) else get_spec(name)
-        if spec is None or spec.item_features is None:
-            with_features = sorted(["synthetic", *(n for n, s in REGISTRY.items() if s.item_features)])
-            raise DataError(f"data.item_features = true, but dataset '{name}' has no public item features "
-                            f"(datasets with some: {', '.join(with_features)})")
-        file, read = spec.item_features
-        root = resolve_root(replace(spec, files=(file,)), Path(data_dir), Path(cache_dir), download)
-        ds.item_features = read(root / file.relpath, ds)
-        ds.validate(str(root / file.relpath))
-    return ds
+    if not item_features:
+        if isinstance(ds, RatingDataset):
+            ds.item_features = None  # generators (synthetic) make them with the data
+        return ds
+    if isinstance(ds, RatingDataset) and ds.item_features is not None:
+        return ds
+    spec = None if isinstance(ds, MultiDomainDataset) else get_spec(name)
+    if spec is None or spec.item_features is None:
+        with_features = sorted(["synthetic", *(n for n, s in REGISTRY.items() if s.item_features)])
+        raise DataError(f"data.item_features = true, but dataset '{name}' has no public item features "
+                        f"(datasets with some: {', '.join(with_features)})")
+    file, read = spec.item_features
+    root = resolve_root(replace(spec, files=(file,)), Path(data_dir), Path(cache_dir), download)
+    ds.item_features = read(root / file.relpath, ds)
+    return ds.validate(str(root / file.relpath))
 
 
 def _load_ratings_or_domains(name: str, data_dir: str | Path, cache_dir: str | Path, download: bool, seed: int,
