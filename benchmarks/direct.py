@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from benchmarks.run import input_errors_exit
 from clients.fedgnn_user import FedGNNUser, MemoryStore
 from fedrec_flwr.config import load_config, parse_overrides
 from fedrec_flwr.data import UserPartitions, prepare_partitions
@@ -82,9 +83,10 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[])
     args = ap.parse_args()
     torch.set_num_threads(1)
-    overrides = [f"data.data_dir={args.data_dir}", *parse_overrides(" ".join(args.set))]
-    cfg = load_config(args.preset, args.dataset, overrides)
-    out = run_direct(cfg, torch.device(args.device))
+    with input_errors_exit():
+        overrides = [f"data.data_dir={args.data_dir}", *parse_overrides(" ".join(args.set))]
+        cfg = load_config(args.preset, args.dataset, overrides)
+        out = run_direct(cfg, torch.device(args.device))
     out.pop("history")
     print(out)
 

@@ -16,10 +16,11 @@ import shutil
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
-from fedrec_flwr.config import load_config, parse_overrides
-from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
+from fedrec_flwr.config import ConfigError, load_config, parse_overrides
+from fedrec_flwr.data import DataError, UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.results import load_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,6 +112,17 @@ def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> 
     return load_results(out)
 
 
+@contextmanager
+def input_errors_exit():
+    """Print a ConfigError (as one line) or DataError on stderr without a traceback, and exit with status 2."""
+    try:
+        yield
+    except (ConfigError, DataError) as exc:
+        message = " ".join(str(exc).split()) if isinstance(exc, ConfigError) else str(exc)
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments, run, print the final metrics as the last line."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -124,17 +136,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", nargs="*", default=[], help="config overrides key=value")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    overrides = parse_overrides(" ".join(args.set))
-    if args.centralized:
-        from fedrec_flwr.centralized import run_centralized
+    with input_errors_exit():
+        overrides = parse_overrides(" ".join(args.set))
+        if args.centralized:
+            from fedrec_flwr.centralized import run_centralized
 
-        cfg = load_config(args.preset, args.dataset, [
-            f"data.data_dir={args.data_dir}", f"data.cache_dir={args.cache_dir}", f"output_dir={out}",
-            f"seed={args.seed}", *overrides,
-        ])
-        final = run_centralized(cfg)
-    else:
-        final = run_federated(args, out, overrides)["final"]
+            cfg = load_config(args.preset, args.dataset, [
+                f"data.data_dir={args.data_dir}", f"data.cache_dir={args.cache_dir}", f"output_dir={out}",
+                f"seed={args.seed}", *overrides,
+            ])
+            final = run_centralized(cfg)
+        else:
+            final = run_federated(args, out, overrides)["final"]
     print(json.dumps(final))
 
 

@@ -7,10 +7,11 @@ the offending key named.
 
 from __future__ import annotations
 
+import math
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, get_args, get_origin, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -227,32 +228,116 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "expansion.mode": ("none", "fixed", "trainable"),
     "simulation.device": ("auto", "cpu", "cuda"),
 }
-_POSITIVE = (
-    "model.dim",
-    "model.heads",
-    "federation.rounds",
-    "federation.clients_per_round",
-    "federation.local_steps",
-    "federation.user_steps",
-    "federation.batch_size",
-    "federation.eval_every",
-    "server_opt.lr",
-    "centralized.epochs",
-    "centralized.batch_users",
-    "fppdm.dim",
-    "fppdm.layers",
-    "fppdm.lr",
-    "fppdm.batch_size",
-    "fppdm.local_epochs",
-    "fppdm.negatives",
-    "simulation.users_per_node",
-)
-_NON_NEGATIVE = (
-    "privacy.pseudo_items", "privacy.clip_delta", "model.dropout", "expansion.max_neighbours",
-    "federation.round_timeout", "simulation.num_cpus", "simulation.num_gpus", "faults.straggle_seconds",
-    "checkpoint.every", "server_opt.item_lr", "server_opt.item_weight_decay",
-)
-_PROBABILITIES = ("faults.crash", "faults.straggle", "faults.malformed", "federation.eval_fraction")
+
+
+@dataclass(frozen=True)
+class Range:
+    """Allowed values of one numeric key (a bound of None: unbounded), so every key is checked alike."""
+
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+    text: str = ""  # the range in words for messages; default: built from the bounds
+
+    def admits(self, value: float) -> bool:
+        """True when `value` lies within the bounds."""
+        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.open_high else value <= self.high)
+
+    def describe(self) -> str:
+        """The range in words, for error messages."""
+        low = None if self.low is None else f"{'>' if self.open_low else '>='} {self.low:g}"
+        high = None if self.high is None else f"{'<' if self.open_high else '<='} {self.high:g}"
+        return self.text or " and ".join(b for b in (low, high) if b) or "any number"
+
+
+_ANY = Range(text="any integer")
+_POSITIVE = Range(0, open_low=True)
+_NON_NEGATIVE = Range(0)
+_AT_LEAST_ONE = Range(1)
+_PROBABILITY = Range(0, 1, text="a probability in [0, 1]")
+
+# the range of every int, float and list-of-numbers key (a list: non-empty, each element in range).
+# tests/test_config_validation.py fails when a numeric field of AppConfig is missing here
+_RANGES: dict[str, Range] = {
+    "seed": _ANY,
+    "data.seed": _ANY,
+    "data.synthetic.num_users": _AT_LEAST_ONE,
+    "data.synthetic.num_items": Range(3),  # every synthetic user rates at least 3 distinct items
+    "data.synthetic.rank": _AT_LEAST_ONE,
+    "data.synthetic.mean_degree": _POSITIVE,
+    "data.synthetic.degree_exponent": Range(1, open_low=True),  # the generator draws pareto(exponent - 1)
+    "data.synthetic.noise_std": _NON_NEGATIVE,
+    "data.synthetic.test_fraction": Range(0, 1, open_high=True, text="0 <= fraction < 1"),
+    "model.dim": _AT_LEAST_ONE,
+    "model.dropout": Range(0, 1, open_high=True, text="0 <= dropout < 1"),
+    "model.heads": _AT_LEAST_ONE,
+    "privacy.pseudo_items": _NON_NEGATIVE,
+    "privacy.clip_delta": _NON_NEGATIVE,
+    "privacy.noise_lambda": _NON_NEGATIVE,  # and > 0 when privacy.ldp (checked in _validate)
+    "federation.rounds": _AT_LEAST_ONE,
+    "federation.clients_per_round": _AT_LEAST_ONE,
+    "federation.min_clients": _AT_LEAST_ONE,  # and <= clients_per_round (checked in _validate)
+    "federation.local_steps": _AT_LEAST_ONE,
+    "federation.batch_size": _AT_LEAST_ONE,
+    "federation.user_lr": _POSITIVE,
+    "federation.user_steps": _AT_LEAST_ONE,
+    "federation.eval_every": _AT_LEAST_ONE,
+    "federation.trivial_payload_floats": _AT_LEAST_ONE,
+    "federation.round_timeout": _NON_NEGATIVE,  # 0: no limit
+    "federation.min_nodes": _NON_NEGATIVE,
+    "federation.node_wait_seconds": _NON_NEGATIVE,
+    "federation.eval_fraction": Range(0, 1, open_low=True, text="0 < fraction <= 1 (some users must evaluate)"),
+    "simulation.users_per_node": _AT_LEAST_ONE,
+    "simulation.num_cpus": _NON_NEGATIVE,
+    "simulation.num_gpus": _NON_NEGATIVE,  # may exceed 1: several GPUs per ClientApp
+    "faults.crash": _PROBABILITY,
+    "faults.straggle": _PROBABILITY,
+    "faults.straggle_seconds": _NON_NEGATIVE,
+    "faults.malformed": _PROBABILITY,
+    "checkpoint.every": _NON_NEGATIVE,  # 0: off
+    "server_opt.lr": _POSITIVE,
+    "server_opt.momentum": Range(0, 1, open_high=True, text="0 <= momentum < 1"),
+    "server_opt.item_lr": _NON_NEGATIVE,  # 0: same as lr
+    "server_opt.item_beta1": Range(0, 1, open_high=True, text="0 <= beta1 < 1"),
+    "server_opt.lr_decay": Range(0, 1, open_low=True, text="0 < decay <= 1"),
+    "server_opt.item_weight_decay": _NON_NEGATIVE,  # and item rate x it < 1 (checked in _validate)
+    "expansion.epoch": _NON_NEGATIVE,  # 0: expand right after registration, before any training round
+    "expansion.max_neighbours": _NON_NEGATIVE,
+    "expansion.retries": _NON_NEGATIVE,
+    "centralized.epochs": _AT_LEAST_ONE,
+    "centralized.lr": _POSITIVE,
+    "centralized.batch_users": _AT_LEAST_ONE,
+    "centralized.weight_decay": _NON_NEGATIVE,
+    "fppdm.dim": _AT_LEAST_ONE,
+    "fppdm.layers": _AT_LEAST_ONE,
+    "fppdm.margin": _POSITIVE,
+    "fppdm.lambda_p": _NON_NEGATIVE,
+    "fppdm.lr": _POSITIVE,
+    "fppdm.batch_size": _AT_LEAST_ONE,
+    "fppdm.local_epochs": _AT_LEAST_ONE,
+    "fppdm.negatives": _AT_LEAST_ONE,
+    "fppdm.topk": _AT_LEAST_ONE,
+    "fppdm.lambda_c": _NON_NEGATIVE,  # 0 disables co-clustering
+    "fppdm.clusters": _AT_LEAST_ONE,
+    "fppdm.knn": _AT_LEAST_ONE,
+    "fppdm.epsilon": _POSITIVE,
+    "fppdm.eta": _POSITIVE,
+    "fppdm.key_bits": Range(512),  # shorter Paillier moduli are factored quickly
+}
+
+
+def numeric_keys(cls: type | None = None, prefix: str = "") -> list[str]:
+    """Dotted names of all int, float and list-of-number keys, walked from the dataclasses so new keys get checked."""
+    keys: list[str] = []
+    for name, kind in get_type_hints(cls or AppConfig).items():
+        if is_dataclass(kind):
+            keys += numeric_keys(kind, f"{prefix}{name}.")
+        elif kind in (int, float) or (get_origin(kind) is list and set(get_args(kind)) <= {int, float}):
+            keys.append(prefix + name)
+    return keys
 
 
 def _preset_path(name: str) -> Path:
@@ -279,8 +364,30 @@ def available_presets() -> list[str]:
 
 
 def parse_overrides(text: str) -> list[str]:
-    """Split a 'a.b=1 c=x' string (the run-config key `set`) into dotlist items."""
-    items = shlex.split(text.replace(",", " "))
+    """Split a 'a.b=1 c=x' string (the run-config key `set`) into dotlist items.
+
+    Items may also be separated by commas (`a=1,b=2`); commas and spaces inside brackets or quotes
+    stay, so list values such as `fppdm.topk=[5, 10]` arrive whole.
+    """
+    chars, depth, quote = [], 0, ""
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+        elif depth and ch.isspace():
+            continue  # `[5, 10]` -> `[5,10]`: one shell word
+        elif ch == "," and not depth:
+            ch = " "
+        chars.append(ch)
+    try:
+        items = shlex.split("".join(chars))
+    except ValueError as exc:  # an unclosed quote
+        raise ConfigError(f"overrides {text!r}: {exc}") from None
     for item in items:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value")
@@ -292,7 +399,8 @@ def _merge(base, layer, source: str):
         return OmegaConf.merge(base, layer)
     except OmegaConfBaseException as exc:
         key = getattr(exc, "full_key", None) or "?"
-        raise ConfigError(f"{source}: invalid key '{key}': {exc.msg if hasattr(exc, 'msg') else exc}") from exc
+        reason = str(getattr(exc, "msg", exc)).splitlines()[0]  # the rest repeats the key and type names
+        raise ConfigError(f"{source}: invalid key '{key}': {reason}") from exc
 
 
 def _merge_preset(cfg, preset: str, chain: tuple[str, ...]):
@@ -309,44 +417,45 @@ def _merge_preset(cfg, preset: str, chain: tuple[str, ...]):
     return _merge(cfg, layer, f"conf/{preset}.yaml")
 
 
-def _validate(cfg: AppConfig) -> None:
-    def get(path: str):
-        value: Any = cfg
-        for part in path.split("."):
-            value = getattr(value, part)
-        return value
+def _get(cfg: AppConfig, key: str) -> Any:
+    value: Any = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
 
+
+def _check_number(key: str, value: Any) -> None:
+    """ConfigError naming `key` unless `value` (a number or a non-empty list of them) is finite and in range."""
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise ConfigError(f"config key '{key}' = []; expected a non-empty list")
+    rule = _RANGES.get(key, Range())
+    for v in values:
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"config key '{key}' = {value!r}; expected a finite number (not NaN or infinity)")
+        if not rule.admits(v):
+            what = f"every element {rule.describe()}" if isinstance(value, list) else rule.describe()
+            raise ConfigError(f"config key '{key}' = {value!r}; expected {what}")
+
+
+def _validate(cfg: AppConfig) -> None:
     for key, choices in _CHOICES.items():
-        if get(key) not in choices:
-            raise ConfigError(f"config key '{key}' = {get(key)!r}; expected one of {choices}")
-    for key in _POSITIVE:
-        if not get(key) > 0:
-            raise ConfigError(f"config key '{key}' = {get(key)!r}; expected a positive number")
-    for key in _NON_NEGATIVE:
-        if get(key) < 0:
-            raise ConfigError(f"config key '{key}' = {get(key)!r}; expected >= 0")
-    for key in _PROBABILITIES:
-        if not 0.0 <= get(key) <= 1.0:
-            raise ConfigError(f"config key '{key}' = {get(key)!r}; expected a probability in [0, 1]")
-    if cfg.federation.eval_fraction == 0.0:
-        raise ConfigError("config key 'federation.eval_fraction' must be > 0 (some users must evaluate)")
+        if _get(cfg, key) not in choices:
+            raise ConfigError(f"config key '{key}' = {_get(cfg, key)!r}; expected one of {choices}")
+    for key in numeric_keys():
+        _check_number(key, _get(cfg, key))
     if cfg.checkpoint.resume and cfg.expansion.mode == "trainable":
         raise ConfigError("checkpoint.resume does not support expansion.mode = 'trainable' (the neighbour "
                           "service's submissions are not checkpointed); use 'fixed' or 'none'")
     if cfg.privacy.ldp and cfg.privacy.noise_lambda <= 0:
         raise ConfigError("config key 'privacy.noise_lambda' must be > 0 when privacy.ldp is true")
-    if not 0.0 <= cfg.server_opt.item_beta1 < 1.0:
-        raise ConfigError(f"config key 'server_opt.item_beta1' = {cfg.server_opt.item_beta1}; expected 0 <= beta1 < 1")
-    if not 0.0 < cfg.server_opt.lr_decay <= 1.0:
-        raise ConfigError(f"config key 'server_opt.lr_decay' = {cfg.server_opt.lr_decay}; expected 0 < decay <= 1")
     item_rate = cfg.server_opt.item_rate
     if item_rate * cfg.server_opt.item_weight_decay >= 1.0:
         raise ConfigError(f"config key 'server_opt.item_weight_decay' = {cfg.server_opt.item_weight_decay}; the item "
                           f"rate {item_rate} times it must stay below 1 (each round scales rows by 1 - rate * decay)")
-    if not 0.0 <= cfg.model.dropout < 1.0:
-        raise ConfigError(f"config key 'model.dropout' = {cfg.model.dropout}; expected 0 <= dropout < 1")
     if cfg.federation.min_clients > cfg.federation.clients_per_round:
-        raise ConfigError("config key 'federation.min_clients' exceeds 'federation.clients_per_round'")
+        raise ConfigError(f"config key 'federation.min_clients' = {cfg.federation.min_clients}; expected <= "
+                          f"federation.clients_per_round ({cfg.federation.clients_per_round})")
 
 
 def load_config(
@@ -368,16 +477,28 @@ def load_config(
             cfg = _merge(cfg, OmegaConf.load(ds_path), f"conf/datasets/{dataset}.yaml")
         cfg.data.name = dataset
     if overrides:
-        try:
-            layer = OmegaConf.from_dotlist(list(overrides))
-        except Exception as exc:
-            raise ConfigError(f"overrides {overrides}: {exc}") from exc
+        layer = OmegaConf.create()
+        for item in overrides:
+            try:
+                layer.merge_with_dotlist([item])
+            except Exception as exc:
+                raise ConfigError(f"override '{item}': {' '.join(str(exc).split())}") from exc
         cfg = _merge(cfg, layer, "override")
     if extra:
         cfg = _merge(cfg, OmegaConf.create(dict(extra)), "run config")
     typed: AppConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     _validate(typed)
     return typed
+
+
+def _run_config_int(run_config: Mapping[str, Any], key: str) -> int:
+    value = run_config[key]
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"run-config key '{key}' = {value!r}; expected an integer") from None
 
 
 def from_run_config(run_config: Mapping[str, Any]) -> AppConfig:
@@ -394,8 +515,11 @@ def from_run_config(run_config: Mapping[str, Any]) -> AppConfig:
     if run_config.get("output-dir"):
         extra["output_dir"] = str(run_config["output-dir"])
     if "seed" in run_config:
-        extra["seed"] = int(run_config["seed"])
-    overrides = parse_overrides(str(run_config.get("set", "")))
+        extra["seed"] = _run_config_int(run_config, "seed")
+    try:
+        overrides = parse_overrides(str(run_config.get("set", "")))
+    except ConfigError as exc:
+        raise ConfigError(f"run-config key 'set': {exc}") from None
     dataset = str(run_config.get("dataset") or "") or None
     return load_config(str(run_config.get("preset", "fedgnn")), dataset, overrides, extra)
 

@@ -7,7 +7,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from .partition import UserData, UserPartitions, fingerprint, write_partitions
+from .download import sha256_of
+from .partition import UserData, UserPartitions, discard, fingerprint, write_partitions
 from .registry import AnyDataset, dataset_names, get_spec, load_dataset, resolve_root
 from .types import DataError, Domain, MultiDomainDataset, RatingDataset, Ratings, RatingScale
 
@@ -43,13 +44,12 @@ def _build_key(data_cfg) -> dict:
     groups = [spec]  # the feature file is looked up on its own, as load_dataset does
     if data_cfg.item_features and spec.item_features:
         groups.append(replace(spec, files=(spec.item_features[0],)))
-    stats = {}
+    digests = {}  # the files' contents, not their stats: an edit that keeps size and mtime still rebuilds
     for group in groups:
         root = resolve_root(group, Path(data_cfg.data_dir), Path(data_cfg.cache_dir), data_cfg.download)
         for f in group.files:
-            st = (root / f.relpath).stat()
-            stats[f.relpath] = (str((root / f.relpath).resolve()), st.st_size, st.st_mtime_ns)
-    return {"name": spec.name, "seed": data_cfg.seed, "files": stats, **features}
+            digests[f.relpath] = sha256_of(root / f.relpath)
+    return {"name": spec.name, "seed": data_cfg.seed, "sha256": digests, **features}
 
 
 def prepare_partitions(data_cfg) -> Path:
@@ -57,8 +57,13 @@ def prepare_partitions(data_cfg) -> Path:
     key = fingerprint(_build_key(data_cfg))
     safe = data_cfg.name.replace(":", "_").replace("/", "_")
     directory = Path(data_cfg.cache_dir) / "partitions" / f"{safe}-{key}"
-    if (directory / "meta.json").is_file():
-        return directory
+    if directory.exists():  # folders appear whole (tmp + rename), so only later damage makes one unreadable
+        try:
+            UserPartitions(directory)
+            return directory
+        except DataError as exc:  # damaged after it was built (files deleted, truncated, edited)
+            log.warning("%s: rebuilding it", exc)
+            discard(directory)
     t0 = time.time()
     log.info("building per-user partitions of %s into %s", data_cfg.name, directory)
     ds = load_from_config(data_cfg)

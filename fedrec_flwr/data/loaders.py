@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .readers import check_ids, read_delimited, read_mat_v73
+from .readers import read_delimited, read_mat_v73
 from .types import DataError, Domain, MultiDomainDataset, RatingDataset, Ratings, RatingScale
 
 
@@ -30,9 +30,7 @@ def load_split_files(name: str, train_path: Path, test_path: Path, sep: str | No
     """A dataset from a given train file and test file of `user sep item sep rating ...` lines."""
     tr_u, tr_i, tr_r = read_delimited(train_path, sep, 3)
     te_u, te_i, te_r = read_delimited(test_path, sep, 3)
-    for path, u, i, r in ((train_path, tr_u, tr_i, tr_r), (test_path, te_u, te_i, te_r)):
-        check_ids(path, "user", u, 0)
-        check_ids(path, "item", i, 0)
+    for path, r in ((train_path, tr_r), (test_path, te_r)):
         _check_scale(path, r, scale)
     tr_u, te_u, raw_users = _compact(tr_u, te_u)
     tr_i, te_i, raw_items = _compact(tr_i, te_i)
@@ -77,8 +75,6 @@ def load_movielens_genres(path: Path, raw_item_ids: np.ndarray) -> np.ndarray:
 def load_ratings_dat(name: str, path: Path, scale: RatingScale, seed: int = 1234, test_fraction: float = 0.1) -> RatingDataset:
     """MovieLens-1M/10M `user::item::rating::ts` with GC-MC's random split (permutation under `seed`)."""
     users, items, values = read_delimited(path, "::", 3)
-    check_ids(path, "user", users, 0)
-    check_ids(path, "item", items, 0)
     _check_scale(path, values, scale)
     users, _, raw_users = _compact(users, users[:0])
     items, _, raw_items = _compact(items, items[:0])
@@ -98,12 +94,19 @@ def load_srgcnn_mat(name: str, path: Path, scale: RatingScale) -> RatingDataset:
     """sRGCNN `.mat` (keys M, Otraining, Otest): the fixed train/test masks over the rating matrix."""
     arrays = read_mat_v73(path, ("M", "Otraining", "Otest"))
     m, o_train, o_test = arrays["M"], arrays["Otraining"], arrays["Otest"]
+    for key in ("Otraining", "Otest"):
+        bad = np.argwhere(~np.isin(arrays[key], (0.0, 1.0)))
+        if bad.size:
+            r, c = bad[0]
+            raise DataError(f"{path}: key '{key}' = {arrays[key][r, c]} at (row {r + 1}, column {c + 1}); expected a 0/1 mask")
     if (o_train.astype(bool) & o_test.astype(bool)).any():
         raise DataError(f"{path}: keys 'Otraining' and 'Otest' overlap (expected disjoint masks)")
     tr_u, tr_i = np.nonzero(o_train)
     te_u, te_i = np.nonzero(o_test)
     tr_r = m[tr_u, tr_i].astype(np.float32)
     te_r = m[te_u, te_i].astype(np.float32)
+    if not (np.isfinite(tr_r).all() and np.isfinite(te_r).all()):
+        raise DataError(f"{path}: key 'M' has NaN or infinite ratings under the 'Otraining'/'Otest' masks")
     if (tr_r == 0).any() or (te_r == 0).any():
         raise DataError(f"{path}: key 'M' has zero ratings under the 'Otraining'/'Otest' masks")
     _check_scale(path, np.concatenate([tr_r, te_r]), scale)
@@ -136,9 +139,7 @@ def load_gadtcdr(name: str, root: Path, domains: tuple[str, ...], seed: int, min
     raw = []
     for dom in domains:
         path = root / dom / "ratings.dat"
-        u, i, r = read_delimited(path, None, 3)
-        check_ids(path, "user", u, 1)
-        check_ids(path, "item", i, 1)
+        u, i, r = read_delimited(path, None, 3, id_low=1)  # 1-based ids
         pos = r >= positive_from
         raw.append((dom, u[pos] - 1, i[pos] - 1))
     num_users = int(max(u.max() for _, u, _ in raw)) + 1
@@ -173,8 +174,6 @@ def load_disencdr_pair(name: str, root: Path, a: str, b: str, test_file: str = "
             raise DataError(f"missing folder {base} (expected train.txt and {test_file} for domain '{dom}')")
         tr_u, tr_i, _ = read_delimited(base / "train.txt", None, 2, value_col=None)
         te_u, te_i, _ = read_delimited(base / test_file, None, 2, value_col=None)
-        for path, ids in ((base / "train.txt", tr_u), (base / test_file, te_u)):
-            check_ids(path, "user", ids, 0)
         num_items = int(max(tr_i.max(), te_i.max())) + 1
         num_users = max(num_users, int(max(tr_u.max(), te_u.max())) + 1)
         domains.append(Domain(dom, num_items, tr_u, tr_i, te_u, te_i))

@@ -60,7 +60,7 @@ def _csr(num_users: int, part: Ratings) -> tuple[np.ndarray, np.ndarray, np.ndar
 
 
 def fingerprint(parts: dict) -> str:
-    """Stable short hash of whatever identifies a dataset build (name, config, file stats)."""
+    """Stable short hash of whatever identifies a dataset build (name, config, the files' sha256)."""
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -90,23 +90,50 @@ def write_partitions(ds: RatingDataset, directory: Path, key: str) -> Path:
     return directory
 
 
+def discard(directory: Path) -> None:
+    """Remove a cache folder: first renamed aside (atomic), so no reader sees it half deleted."""
+    trash = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}.trash-"))
+    try:
+        os.replace(directory, trash / directory.name)
+    except FileNotFoundError:
+        pass  # another process discarded it first
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _check_csr(meta: PartitionMeta, arrays: dict[str, np.ndarray], part: str, rows: int) -> None:
+    offsets, items, values = (arrays[f"{part}_{n}"] for n in ("offsets", "items", "values"))
+    if offsets.shape != (meta.num_users + 1,) or items.shape != (rows,) or values.shape != (rows,):
+        raise ValueError(f"{part} arrays of shapes {offsets.shape}, {items.shape}, {values.shape}; "
+                         f"expected ({meta.num_users + 1},), ({rows},), ({rows},)")
+    if offsets[0] != 0 or offsets[-1] != rows or (np.diff(offsets) < 0).any():
+        raise ValueError(f"{part}_offsets do not run from 0 up to {rows}")
+
+
 class UserPartitions:
     """Read access to a partition cache; each `user(u)` call touches only that user's rows."""
 
     def __init__(self, directory: Path):
         meta_path = directory / "meta.json"
         if not meta_path.is_file():
-            raise DataError(f"partition cache {directory}: missing meta.json (expected a built cache)")
-        raw = json.loads(meta_path.read_text())
-        if raw.get("format") != FORMAT_VERSION:
-            raise DataError(f"{meta_path}: format {raw.get('format')} (expected {FORMAT_VERSION}); delete the folder to rebuild")
-        raw.pop("format")
-        raw["scale"] = RatingScale(**raw["scale"])
-        self.meta = PartitionMeta(**raw)
+            raise DataError(f"partition cache {directory}: missing meta.json (expected a built cache); delete the folder to rebuild")
+        try:
+            raw = json.loads(meta_path.read_text())
+            fmt = raw.pop("format", None)
+            if fmt != FORMAT_VERSION:
+                raise ValueError(f"format {fmt} (expected {FORMAT_VERSION})")
+            raw["scale"] = RatingScale(**raw["scale"])
+            self.meta = PartitionMeta(**raw)
+            self._arrays = {n: np.load(directory / f"{n}.npy", mmap_mode="r") for n in _ARRAYS}
+            _check_csr(self.meta, self._arrays, "train", self.meta.num_train)
+            _check_csr(self.meta, self._arrays, "test", self.meta.num_test)
+            # public and small (items x F): every client holds all of it
+            self.item_features = np.load(directory / "item_features.npy") if self.meta.num_item_features else None
+            if self.item_features is not None and self.item_features.shape != (self.meta.num_items, self.meta.num_item_features):
+                raise ValueError(f"item_features.npy of shape {self.item_features.shape}")
+        except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise DataError(f"partition cache {directory} is damaged ({type(exc).__name__}: {exc}); "
+                            "delete the folder to rebuild it") from None
         self.directory = directory
-        self._arrays = {n: np.load(directory / f"{n}.npy", mmap_mode="r") for n in _ARRAYS}
-        # public and small (items x F): every client holds all of it
-        self.item_features = np.load(directory / "item_features.npy") if self.meta.num_item_features else None
 
     def user(self, u: int) -> UserData:
         """The train and test ratings of user `u`, copied out of the memory map."""

@@ -1,0 +1,142 @@
+"""Config trust boundary: every numeric key finite and in range, list overrides, errors that name the key."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.run import main as run_main
+from fedrec_flwr.config import _RANGES, AppConfig, ConfigError, from_run_config, load_config, numeric_keys, parse_overrides
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _default(key: str):
+    value = AppConfig()
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+FLOAT_KEYS = [k for k in numeric_keys() if isinstance(_default(k), float)]
+
+
+def _outside(key: str) -> list[str]:
+    """Values just outside the key's range, written as an override would be."""
+    rule, default = _RANGES[key], _default(key)
+    kind = type(default[0]) if isinstance(default, list) else type(default)
+    bad = []
+    if rule.low is not None:
+        bad.append(rule.low if rule.open_low else rule.low - 1)
+    if rule.high is not None:
+        bad.append(rule.high if rule.open_high else rule.high + 1)
+    text = [str(kind(v)) if kind is int else repr(float(v)) for v in bad]
+    return [f"[{t}]" for t in text] if isinstance(default, list) else text
+
+
+def test_every_numeric_key_has_a_range_rule():
+    keys = numeric_keys()
+    assert {"seed", "data.synthetic.degree_exponent", "fppdm.topk", "federation.node_wait_seconds"} <= set(keys)
+    assert sorted(set(keys) - set(_RANGES)) == [], "numeric config keys without a rule in config._RANGES"
+    assert sorted(set(_RANGES) - set(keys)) == [], "rules in config._RANGES for keys that do not exist"
+
+
+def test_the_defaults_and_every_preset_are_in_range():
+    AppConfig()  # the dataclass defaults themselves
+    for preset in ("fedgnn", "fedgnn_tuned", "fedgnn_features", "fppdm", "fppdm_pp", "fedavg_lightgcn", "single_domain", "trivial"):
+        load_config(preset)
+
+
+@pytest.mark.parametrize("key", FLOAT_KEYS)
+def test_nan_and_infinity_are_refused_for_every_float_key(key):
+    for value in ("nan", "inf", "-inf"):
+        with pytest.raises(ConfigError, match=re.escape(f"config key '{key}' = ") + r".*expected a finite number"):
+            load_config("fedgnn", "synthetic", [f"{key}={value}"])
+
+
+@pytest.mark.parametrize("key", sorted(k for k, r in _RANGES.items() if r.low is not None or r.high is not None))
+def test_every_bounded_key_refuses_a_value_outside_its_range(key):
+    for value in _outside(key):
+        with pytest.raises(ConfigError, match=re.escape(f"config key '{key}' = ")):
+            load_config("fedgnn", "synthetic", [f"{key}={value}"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("federation.min_clients=0", "'federation.min_clients' = 0; expected >= 1"),
+    ("federation.min_clients=129", "'federation.min_clients' = 129; expected <= federation.clients_per_round (128)"),
+    ("expansion.retries=-1", "'expansion.retries' = -1; expected >= 0"),
+    ("server_opt.momentum=1.0", "'server_opt.momentum' = 1.0; expected 0 <= momentum < 1"),
+    ("federation.user_lr=0", "'federation.user_lr' = 0.0; expected > 0"),
+    ("centralized.lr=-0.1", "'centralized.lr' = -0.1; expected > 0"),
+    ("data.synthetic.degree_exponent=1.0", "'data.synthetic.degree_exponent' = 1.0; expected > 1"),
+    ("data.synthetic.test_fraction=1.0", "'data.synthetic.test_fraction' = 1.0; expected 0 <= fraction < 1"),
+    ("fppdm.key_bits=511", "'fppdm.key_bits' = 511; expected >= 512"),
+    ("fppdm.topk=[]", "'fppdm.topk' = []; expected a non-empty list"),
+    ("fppdm.topk=[5,0]", "'fppdm.topk' = [5, 0]; expected every element >= 1"),
+    ("federation.node_wait_seconds=-1", "'federation.node_wait_seconds' = -1.0; expected >= 0"),
+])
+def test_range_errors_name_the_key_and_the_range(override, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config("fedgnn", "synthetic", [override])
+
+
+def test_expansion_right_after_registration_stays_allowed():
+    assert load_config("fedgnn", "synthetic", ["expansion.epoch=0"]).expansion.epoch == 0
+
+
+def test_list_values_survive_override_parsing():
+    assert parse_overrides("fppdm.topk=[5,10] federation.rounds=2") == ["fppdm.topk=[5,10]", "federation.rounds=2"]
+    assert parse_overrides("fppdm.topk=[5, 10]") == ["fppdm.topk=[5,10]"]
+    assert parse_overrides("a=1,b=2") == ["a=1", "b=2"]  # comma-separated items still split
+    assert parse_overrides("x='a, b' y=2") == ["x=a, b", "y=2"]
+    assert load_config("fppdm", None, ["fppdm.topk=[1,20]"]).fppdm.topk == [1, 20]
+    cfg = from_run_config({"preset": "fppdm", "set": "fppdm.topk=[3, 7] federation.rounds=2"})
+    assert cfg.fppdm.topk == [3, 7] and cfg.federation.rounds == 2
+
+
+@pytest.mark.parametrize("run_config, message", [
+    ({"seed": "abc"}, "run-config key 'seed' = 'abc'; expected an integer"),
+    ({"seed": 1.5}, "run-config key 'seed' = 1.5; expected an integer"),
+    ({"set": "federation.rounds='2"}, "run-config key 'set': "),
+    ({"set": "federation.rounds"}, "run-config key 'set': override 'federation.rounds' is not of the form key=value"),
+])
+def test_run_config_errors_name_the_run_config_key(run_config, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_run_config({"preset": "fedgnn", **run_config})
+    assert from_run_config({"preset": "fedgnn", "seed": "7"}).seed == 7
+
+
+@pytest.mark.parametrize("override, key", [
+    ("model.colour=3", "model.colour"), ("federation.rounds=many", "federation.rounds"),
+    ("fppdm.topk=[a]", "fppdm.topk"), ("federation.user_lr=nan", "federation.user_lr"),
+])
+def test_each_error_is_one_line_naming_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config("fedgnn", "synthetic", [override])
+    assert key in str(err.value) and "\n" not in str(err.value)
+
+
+def test_benchmark_cli_prints_a_config_error_as_one_line_and_exits_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--out", str(tmp_path / "o"), "--set", "federation.rounds=0"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == ["error: config key 'federation.rounds' = 0; expected >= 1"]
+
+
+def test_benchmark_mains_exit_2_on_config_errors(tmp_path, capsys, monkeypatch):
+    with pytest.raises(SystemExit) as stopped:
+        run_main(["--out", str(tmp_path / "o"), "--centralized", "--set", "centralized.lr=inf"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: config key 'centralized.lr' = inf; expected a finite number (not NaN or infinity)"]
+    import benchmarks.direct as direct  # imports torch: only here
+
+    monkeypatch.setattr(sys, "argv", ["direct", "--set", "fppdm.key_bits=64"])
+    with pytest.raises(SystemExit) as stopped:
+        direct.main()
+    assert stopped.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        "error: config key 'fppdm.key_bits' = 64; expected >= 512"]
