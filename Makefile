@@ -7,9 +7,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
-NUM_SUPERNODES ?= 300
-RUN_CONFIG ?=
-FLWR_PATHS := data-dir='$(CURDIR)/data' cache-dir='$(CURDIR)/.cache/fedrec' output-dir='$(CURDIR)/outputs/latest'
+# extra arguments of the run driver, e.g. make run ARGS="--seed 3" or ARGS="--set federation.rounds=20"
+ARGS ?=
 
 .PHONY: install run test deploy-test bench plot clean stop-superlink
 
@@ -21,12 +20,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -e ".[dev]"
 	touch $@
 
-# The main job: FedGNN (privacy on) on the embedded synthetic dataset, through `flwr run`.
+# The main job: FedGNN (privacy on) on the embedded synthetic dataset, through `flwr run` (the driver
+# sizes the simulated federation and exits non-zero if the run fails), then the summary.
 run: install
-	PATH="$(CURDIR)/$(BIN):$$PATH" FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
-	  $(BIN)/flwr run . local --stream \
-	  --federation-config "num-supernodes=$(NUM_SUPERNODES)" \
-	  --run-config "$(FLWR_PATHS) $(RUN_CONFIG)"
+	$(BIN)/python -m benchmarks.run --preset quickstart --out outputs/latest $(ARGS)
 	@$(BIN)/python -m fedrec_flwr.summary outputs/latest
 
 test: install

@@ -1,8 +1,8 @@
 """Drive FedGNN users and the server core in one process, without Flower or Ray.
 
-Used for fast hyper-parameter sweeps and device (GPU) checks: the same user and server code
-as a `flwr run` (`clients.fedgnn_user`, `strategies.fedgnn_server`), minus message transport.
-Imports neither flwr nor ray. User sampling uses the same seeded rule as the strategy.
+Used for fast hyper-parameter sweeps and device (GPU) checks: the same user code and the same round
+core as a `flwr run` (`fedrec_flwr.fedgnn.user`, `fedrec_flwr.fedgnn.rounds`), with messages passed
+as Python lists instead of over Flower. Imports neither flwr nor ray.
 """
 
 from __future__ import annotations
@@ -15,49 +15,66 @@ import numpy as np
 import torch
 
 from benchmarks.run import input_errors_exit
-from clients.fedgnn_user import FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.protocol import split_download, users_array
+from fedrec_flwr.fedgnn.registry import UserRegistry
+from fedrec_flwr.fedgnn.rounds import FedGNNRounds, NodeReply
+from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore
 from fedrec_flwr.config import load_config, parse_overrides
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model
-from strategies.fedgnn_server import FedGNNServer, sample_users
+from fedrec_flwr.fedgnn.server import FedGNNServer
 
 
 def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,
                probe: Callable[[FedGNNServer, Callable[[np.ndarray | None], float]], dict] | None = None) -> dict:
-    """Run cfg.federation.rounds FedGNN rounds in-process; returns final metrics and timings.
+    """Run cfg.federation.rounds FedGNN rounds in-process through the round core; returns metrics and timings.
 
-    `probe(server, rmse)`, if given, runs at every evaluation and its dict joins that round's record;
-    `rmse(table)` is the RMSE of all users evaluating against another item table (None: the server's).
+    Every user sits on one node of its own (sampling is by user id, so the numbers are those of any
+    `users_per_node`). `probe(server, rmse)`, if given, runs at every evaluation and its dict joins that
+    round's record; `rmse(table)` is the RMSE of all users evaluating against another item table.
     """
     if cfg.expansion.mode != "none":
         raise ValueError("benchmarks.direct drives training rounds only; run graph expansion through flwr run")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     server = FedGNNServer(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
+    rounds = FedGNNRounds(cfg, server, UserRegistry(meta.num_users), meta.scale.high - meta.scale.low)
     store = MemoryStore()
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device-side model, shared by users in turn
+
+    def user(u: int) -> FedGNNUser:
+        return FedGNNUser(cfg, meta, parts.user(u), store, device, model)
+
     users = [u for u in range(meta.num_users) if parts.user(u).train_items.size]
-    for u in users:
-        server.register(u, FedGNNUser(cfg, meta, parts.user(u), store, device, model).register())
+    rounds.register(1, [NodeReply(u, [users_array([u]), user(u).register()]) for u in users], time.time())
+    connected = set(users)  # node id = user id
     history, t_start = [], time.time()
     for rnd in range(2, cfg.federation.rounds + 2):
         t0 = time.time()
-        chosen = sample_users(cfg.seed, rnd, users, cfg.federation.clients_per_round)
         weights = server.model_weights()
-        updates = []
-        for u in chosen:
-            upload = FedGNNUser(cfg, meta, parts.user(u), store, device, model).train(weights, server.rows_for(u), rnd, {})
-            updates.append(server.validate(u, upload))
-        server.apply(updates)
-        rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": len(updates)}
-        if (rnd - 1) % cfg.federation.eval_every == 0 or rnd - 1 == cfg.federation.rounds:
+        replies = []
+        for node, hosted in rounds.plan_train(rnd, connected).items():
+            _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
+            upload = [users_array(hosted)]
+            for u, r in zip(hosted, rows):
+                upload += user(u).train(weights, r, rnd)
+            replies.append(NodeReply(node, upload))
+        out = rounds.train(rnd, replies, [], t0, 0.0)
+        rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": out["accepted"]}
+        if rounds.is_eval_round(rnd - 1 == cfg.federation.rounds):
             weights = server.model_weights()
 
             def rmse(table: np.ndarray | None = None) -> float:
+                if table is None:
+                    replies = []
+                    for node, hosted in rounds.plan_eval(connected).items():
+                        _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
+                        sse, sae, n = (sum(x) for x in zip(*(user(u).evaluate(weights, r) for u, r in zip(hosted, rows))))
+                        replies.append(NodeReply(node, metrics={"sse": sse, "sae": sae, "n": int(n)}))
+                    return rounds.evaluate(rnd, replies, 0)["rmse"]
                 sse = n = 0.0
                 for u in users:
-                    rows = server.rows_for(u) if table is None else table[server.registry[u]]
-                    s, _, k = FedGNNUser(cfg, meta, parts.user(u), store, device, model).evaluate(weights, rows)
+                    s, _, k = user(u).evaluate(weights, table[server.registry[u]])
                     sse, n = sse + s, n + k
                 return float(np.sqrt(sse / n))
 
@@ -70,7 +87,7 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
     train_secs = [h["round_seconds"] for h in history]
     return {"rmse": history[-1].get("rmse"), "median_round_seconds": float(np.median(train_secs)),
             "clients_per_second": cfg.federation.clients_per_round / float(np.median(train_secs)),
-            "wall_seconds": time.time() - t_start, "history": history}
+            "wall_seconds": time.time() - t_start, "uploads_per_user": rounds.upload_counts(), "history": history}
 
 
 def main() -> None:

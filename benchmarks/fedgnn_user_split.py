@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from benchmarks.gpu_clients import ML10M_SHAPE
-from clients.fedgnn_user import FedGNNUser, MemoryStore, build_upload, local_gradients, set_weights, user_rng
+from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore, build_upload, local_gradients, set_weights, user_rng
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fsutil import atomic_write
-from strategies.fedgnn_server import FedGNNServer
+from fedrec_flwr.fedgnn.server import FedGNNServer
 
 
 def split_times(users: int, device: torch.device, cache_dir: str) -> dict:
@@ -41,7 +41,7 @@ def split_times(users: int, device: torch.device, cache_dir: str) -> dict:
     for u in range(users):
         user = FedGNNUser(cfg, meta, parts.user(u), store, device)
         set_weights(user.model, weights)
-        rng, rows = user_rng(cfg.seed, u, 1, 2), user._rows(server.rows_for(u))
+        rng, rows = user_rng(cfg.seed, u, 1, 2), user.item_rows(server.rows_for(u))
         t0 = time.perf_counter()
         grads, real_rows, _, _ = local_gradients(cfg, user.model, user.state, user.data, rows, rng, device)
         t1 = time.perf_counter()

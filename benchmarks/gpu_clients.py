@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from benchmarks.direct import run_direct
-from clients.fppdm_domain import DomainData, DomainTrainer
+from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data.synthetic import make_synthetic_multidomain
 from fedrec_flwr.fsutil import atomic_write

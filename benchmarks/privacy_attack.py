@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from clients.fedgnn_user import build_upload, init_user_state, local_gradients
+from fedrec_flwr.fedgnn.user import build_upload, init_user_state, local_gradients
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model

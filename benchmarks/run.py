@@ -104,6 +104,8 @@ def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> 
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
     cmd = [_flwr_binary(), "run", str(ROOT), "local", "--stream",
            "--federation-config", federation_config(num_nodes, cfg), "--run-config", run_config]
+    for stale in ("results.json", "rounds.csv"):  # an earlier run's results must never be reported as this one's
+        (out / stale).unlink(missing_ok=True)
     print("+", " ".join(cmd), flush=True)
     returncode = stream_flwr_run(cmd, env)
     results = out / "results.json"

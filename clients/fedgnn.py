@@ -3,7 +3,7 @@
 A deployed SuperNode is one user's device. A simulation can multiplex `users_per_node`
 users onto each virtual SuperNode so that Flower's per-node cost does not grow with the
 number of users; each hosted user keeps its own data, state and randomness, and uploads
-its own separately protected gradients (see `fedrec_flwr.protocol` for the framing).
+its own separately protected gradients (see `fedrec_flwr.fedgnn.protocol` for the framing).
 """
 
 from __future__ import annotations
@@ -14,63 +14,61 @@ import numpy as np
 import torch
 from flwr.client import NumPyClient
 
-from clients.fedgnn_user import FedGNNUser
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
-from fedrec_flwr.faults import FaultPlan
+from fedrec_flwr.fedgnn.protocol import (
+    PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, RoundConfig, split_download, users_array,
+)
+from fedrec_flwr.fedgnn.user import FedGNNUser, UserStore
 from fedrec_flwr.models import build_model
 from fedrec_flwr.privacy import epsilon
-from fedrec_flwr.protocol import (
-    PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, split_download, users_array,
-)
 
 
 class FedGNNClient(NumPyClient):
     """The users hosted on one node; `load_user(u)` gives a user's data, `store` their saved states."""
 
     def __init__(self, cfg: AppConfig, meta: PartitionMeta, user_ids: list[int], load_user: Callable[[int], UserData],
-                 store, device: torch.device | None = None):
+                 store: UserStore, device: torch.device | None = None):
         self.cfg, self.meta, self.user_ids, self.load_user, self.store = cfg, meta, list(user_ids), load_user, store
         self._hosted = set(self.user_ids)
         self.device = device or torch.device("cpu")
         self.model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one copy, shared by the hosted users in turn
-        self.faults = FaultPlan(cfg.faults, cfg.seed)
 
     def _user(self, u: int) -> FedGNNUser:
         if u not in self._hosted:
             raise ValueError(f"user {u} is not hosted on this node (hosts {self.user_ids[:5]}...)")
         return FedGNNUser(self.cfg, self.meta, self.load_user(u), self.store, self.device, self.model)
 
-    def _n_weights(self) -> int:
+    @property
+    def num_weights(self) -> int:
+        """How many model arrays head a download."""
         return len(list(self.model.parameters()))
 
     def fit(self, parameters, config):
-        """Register, expand the graph, or train the requested users (by config['phase'])."""
-        phase = config.get("phase")
-        self.store.begin_round(config)
-        if phase == PHASE_REGISTER:
+        """Register, expand the graph, or train the requested users (by the round config's phase)."""
+        rc = RoundConfig.from_flower(config)
+        self.store.begin_round(rc)
+        if rc.phase == PHASE_REGISTER:
             users = [self._user(u) for u in self.user_ids]
-            return [users_array(self.user_ids), *[u.register() for u in users]], len(users), {"phase": phase}
-        if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
-            counts = [self._user(u).expand(config, phase == PHASE_EXPAND_SUBMIT, phase == PHASE_EXPAND_FETCH)
-                      for u in self.user_ids]
-            return [], len(counts), {"phase": phase, "neighbours": int(sum(counts)), "users": len(counts)}
-        weights, users, rows = split_download(parameters, self._n_weights())
-        logical_round = int(config["round"])
-        self.faults.before_fit(users, logical_round)  # failure injection (off by default)
+            return [users_array(self.user_ids), *[u.register() for u in users]], len(users), {"phase": rc.phase}
+        if rc.phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
+            if rc.expansion is None:
+                raise ValueError(f"phase {rc.phase} without a neighbour-service link in the server config")
+            counts = [self._user(u).expand(rc.expansion, rc.retries, rc.phase == PHASE_EXPAND_SUBMIT,
+                                           rc.phase == PHASE_EXPAND_FETCH, rc.round) for u in self.user_ids]
+            return [], len(counts), {"phase": rc.phase, "neighbours": int(sum(counts)), "users": len(counts)}
+        weights, users, rows = split_download(parameters, self.num_weights)
         upload = [users_array(users)]
         for u, r in zip(users, rows):
-            upload += self._user(int(u)).train(weights, r, logical_round, config)
-        if self.faults.corrupt(users, logical_round):
-            upload[1] = np.full_like(upload[1], np.nan)  # a malformed update the server must reject
+            upload += self._user(int(u)).train(weights, r, rc.round, rc)
         eps = epsilon(self.cfg.privacy.clip_delta, self.cfg.privacy.noise_lambda) if self.cfg.privacy.ldp else float("inf")
         return upload, len(users), {"phase": PHASE_TRAIN, "epsilon": eps}
 
     def evaluate(self, parameters, config):
         """Squared and absolute error sums over the requested users' own test ratings."""
-        self.store.begin_round(config)
-        weights, users, rows = split_download(parameters, self._n_weights())
+        self.store.begin_round(RoundConfig.from_flower(config))
+        weights, users, rows = split_download(parameters, self.num_weights)
         sse = sae = 0.0
         n = 0
         for u, r in zip(users, rows):

@@ -14,10 +14,10 @@ import torch
 from flwr.client import NumPyClient
 
 from fedrec_flwr.privacy.paillier_pack import DomainKeys, FixedPointPacker
-from fedrec_flwr.secure_barycenter import decrypt_barycenters, encrypt_users, public_n_array
+from fedrec_flwr.fppdm.secure_barycenter import decrypt_barycenters, encrypt_users, public_n_array
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import Domain
-from clients.fppdm_domain import DomainData, DomainTrainer
+from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
 
 
 class FPPDMDomainClient(NumPyClient):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from clients.fedgnn_user import UserState
+from fedrec_flwr.fedgnn.user import UserState
 from fedrec_flwr.fsutil import atomic_write
 
 
@@ -72,8 +72,8 @@ class UserStateFiles:
 class NodeStateStore:
     """Each hosted user's UserState under its own key in the node's RecordDict (+ files, if given).
 
-    `begin_round(config)` takes from the server's message the last checkpoint round (`ckpt`)
-    and, in a resumed run, the round it resumes from (`resume_from`).
+    `begin_round(round_config)` takes from the server's message the last checkpoint round and, in
+    a resumed run, the round it resumes from.
     """
 
     def __init__(self, state: RecordDict, files: UserStateFiles | None = None):
@@ -84,10 +84,10 @@ class NodeStateStore:
     def _key(user: int) -> str:
         return f"fedgnn.user.{user}"
 
-    def begin_round(self, config) -> None:
-        """Note the checkpoint/resume rounds the server announced."""
-        self.checkpoint_round = int(config.get("ckpt", 0))
-        self.resume_from = int(config.get("resume_from", -1))
+    def begin_round(self, round_config) -> None:
+        """Note the checkpoint/resume rounds the server announced (a fedgnn.protocol.RoundConfig)."""
+        self.checkpoint_round = round_config.ckpt
+        self.resume_from = round_config.resume_from
 
     def load(self, user: int) -> UserState | None:
         """The state of `user`: this run's, else (when resuming) the saved one at the checkpoint."""

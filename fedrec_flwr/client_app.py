@@ -10,6 +10,7 @@ import torch
 from flwr.client import ClientApp
 from flwr.common import Context
 
+from clients.faults import with_faults
 from clients.fedgnn import FedGNNClient
 from clients.trivial import TrivialClient
 from clients.fppdm import FPPDMDomainClient
@@ -98,7 +99,7 @@ def client_fn(context: Context):
     parts = _partitions(key)
     users = users_of(context.node_config, cfg.simulation.users_per_node, parts.meta.num_users)
     store = NodeStateStore(context.state, state_files(cfg, context.node_config))
-    return FedGNNClient(cfg, parts.meta, users, parts.user, store, device).to_client()
+    return with_faults(FedGNNClient(cfg, parts.meta, users, parts.user, store, device), cfg.faults, cfg.seed).to_client()
 
 
 def _deployed_client(cfg: AppConfig, context: Context, device: torch.device):
@@ -108,7 +109,8 @@ def _deployed_client(cfg: AppConfig, context: Context, device: torch.device):
         return FPPDMDomainClient(cfg, domain, index, DomainStateStore(context.state), device).to_client()
     meta, data = load_user_file(path)
     store = NodeStateStore(context.state, state_files(cfg, context.node_config))
-    return FedGNNClient(cfg, meta, [data.user], lambda u: data, store, device).to_client()
+    client = FedGNNClient(cfg, meta, [data.user], lambda u: data, store, device)
+    return with_faults(client, cfg.faults, cfg.seed).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

@@ -95,6 +95,13 @@ class FederationConfig:
     min_nodes: int = 0  # FedGNN registration waits for this many SuperNodes (deployment: devices connect over time)
     node_wait_seconds: float = 300.0  # how long round 1 waits for the expected SuperNodes before failing
     eval_fraction: float = 1.0  # share of users (seeded sample) that evaluate; 1.0: every user
+    # server-side bound on the L2 norm of one user's upload (model gradients and item rows together) when
+    # privacy.ldp is off (0: no bound). With LDP on the bound is the mechanism's own (see fedgnn.bounds)
+    upload_norm_bound: float = 0.0
+    # merge of the accepted uploads: "mean" (the paper's FedAvg), or coordinate-wise "median" or
+    # "trimmed" mean (dropping trim_fraction of the values at each end) for robustness to poisoning
+    robust_merge: str = "mean"
+    trim_fraction: float = 0.1
 
 
 @dataclass
@@ -224,6 +231,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.gnn": ("gat", "gcn", "ggnn"),
     "federation.item_merge": ("clients", "count"),
     "federation.loss": ("mean", "sum"),
+    "federation.robust_merge": ("mean", "median", "trimmed"),
     "server_opt.name": ("sgd", "adam"),
     "expansion.mode": ("none", "fixed", "trainable"),
     "simulation.device": ("auto", "cpu", "cuda"),
@@ -287,6 +295,8 @@ _RANGES: dict[str, Range] = {
     "federation.eval_every": _AT_LEAST_ONE,
     "federation.trivial_payload_floats": _AT_LEAST_ONE,
     "federation.round_timeout": _NON_NEGATIVE,  # 0: no limit
+    "federation.upload_norm_bound": _NON_NEGATIVE,  # 0: no bound
+    "federation.trim_fraction": Range(0, 0.5, open_high=True, text="0 <= fraction < 0.5"),
     "federation.min_nodes": _NON_NEGATIVE,
     "federation.node_wait_seconds": _NON_NEGATIVE,
     "federation.eval_fraction": Range(0, 1, open_low=True, text="0 < fraction <= 1 (some users must evaluate)"),

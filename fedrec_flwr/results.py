@@ -25,6 +25,40 @@ class RunRecorder:
             "status": "running",
         }
         self._t0 = time.time()
+        (self.output_dir / "rounds.csv").unlink(missing_ok=True)
+        self.write()  # status "running" from the start: a results.json of an earlier run never survives
+
+    def set_baselines(self, baselines: dict[str, float]) -> None:
+        """Record the split's centralized baseline RMSEs (fedrec_flwr.baselines) beside the model's."""
+        self.doc["baselines"] = dict(baselines)
+        self.write()
+
+    @property
+    def finished(self) -> bool:
+        """True once `finish` has written the final metrics."""
+        return self.doc["status"] == "finished"
+
+    @property
+    def wall_seconds(self) -> float:
+        """Seconds from the recorder's start to its last write."""
+        return float(self.doc["wall_seconds"])
+
+    def history(self) -> list[dict[str, Any]]:
+        """A copy of the per-round records so far."""
+        return [dict(r) for r in self.doc["rounds"]]
+
+    def restore_history(self, rounds: list[dict[str, Any]], resumed_from: int) -> None:
+        """Continue a resumed run's history from its checkpoint (written after logical round `resumed_from`)."""
+        self.doc["rounds"] = [dict(r) for r in rounds]
+        self.doc["resumed_from"] = resumed_from
+        self.write()
+
+    def fail(self, reason: str) -> Path:
+        """Mark the run failed with its reason (a failed run never reports metrics as final)."""
+        self.doc["status"] = "failed"
+        self.doc["error"] = reason
+        self.doc["wall_seconds"] = time.time() - self._t0
+        return self.write()
 
     def add_round(self, record: dict[str, Any]) -> None:
         """Append or merge the record of one round (keyed by record['round'])."""

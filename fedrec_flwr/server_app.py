@@ -8,6 +8,7 @@ import secrets
 from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
+from fedrec_flwr.baselines import baseline_rmses
 from fedrec_flwr.config import from_run_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.node_data import load_catalogue
@@ -15,9 +16,10 @@ from fedrec_flwr.neighbours import NeighbourClient, new_run_key
 from fedrec_flwr.neighbours.process import start_local_service
 from fedrec_flwr.results import RunRecorder
 from clients.trivial import trivial_parameters
-from strategies.barycenter import WassersteinBarycenterStrategy
-from strategies.fedgnn_merge import ExpansionLink, FedGNNStrategy
-from strategies.timed_fedavg import TimedFedAvg
+from strategies.fppdm import WassersteinBarycenterStrategy
+from fedrec_flwr.fedgnn.protocol import ExpansionLink
+from strategies.fedgnn import FedGNNStrategy
+from strategies.trivial import TimedFedAvg
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +31,20 @@ def server_fn(context: Context) -> ServerAppComponents:
         return _trivial_components(cfg)
     if cfg.algorithm == "fppdm":
         return _fppdm_components(cfg)
+    baselines = None
     if cfg.data.catalogue:  # deployment: public dataset facts only, the ratings stay on the devices
         meta = load_catalogue(cfg.data.catalogue)["meta"]
-    else:
-        meta = UserPartitions(prepare_partitions(cfg.data)).meta
+    else:  # simulation: the data is here anyway, so record what a model must beat
+        parts = UserPartitions(prepare_partitions(cfg.data))
+        meta, baselines = parts.meta, baseline_rmses(parts.ratings())
     print(f"[fedgnn] dataset {meta.dataset}: {meta.num_users} users, {meta.num_items} items, "
           f"{meta.num_train} train / {meta.num_test} test ratings; output {cfg.output_dir}", flush=True)
     recorder = RunRecorder(cfg.output_dir, cfg.algorithm, meta.dataset, to_dict(cfg))
+    if baselines is not None:
+        recorder.set_baselines(baselines)
     link = _expansion_link(cfg, meta.num_items) if cfg.expansion.mode != "none" else None
     strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, recorder, meta.num_users, link,
-                               num_item_features=meta.num_item_features)
+                              num_item_features=meta.num_item_features, rating_span=meta.scale.high - meta.scale.low)
     timeout = cfg.federation.round_timeout or None
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=strategy.num_rounds, round_timeout=timeout))
 

@@ -1,14 +1,18 @@
-"""Print the final summary of a finished run from its results.json (used after `make run`)."""
+"""Print the final summary of a run from its results.json (used after `make run`)."""
 
 from __future__ import annotations
 
 import sys
 
+from .baselines import best_trivial
 from .results import load_results
+
+_BASELINE_NAMES = {"global_mean": "global mean", "user_mean": "user mean", "item_mean": "item mean",
+                   "bias": "bias (mean + user + item bias)"}
 
 
 def summarize(path: str) -> str:
-    """One-paragraph summary: algorithm, dataset, final metrics, rounds, wall time, traffic."""
+    """A short summary: final metrics beside the split's baselines, rounds, wall time, traffic, privacy."""
     doc = load_results(path)
     rounds = [r for r in doc["rounds"] if r.get("phase") == "train" or "train_loss" in r]
     final = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in doc["final"].items())
@@ -18,6 +22,19 @@ def summarize(path: str) -> str:
         f"{doc['algorithm']} on {doc['dataset']} ({doc.get('status')}): {final}",
         f"  training rounds: {len(rounds)}, wall: {doc['wall_seconds']:.1f}s",
     ]
+    baselines = doc.get("baselines")
+    rmse = doc["final"].get("rmse")
+    if baselines:
+        lines.append("  test RMSE of centralized baselines on the same split (no federation, no privacy):")
+        lines += [f"    {_BASELINE_NAMES.get(k, k):32s} {v:.4f}" for k, v in baselines.items()]
+        if rmse is not None:
+            best = best_trivial(baselines)
+            lines.append(f"  model {rmse:.4f} is {100 * (1 - rmse / best):.1f}% below the best trivial baseline ({best:.4f})")
+    privacy = doc.get("config", {}).get("privacy", {})
+    if doc["algorithm"] == "fedgnn" and privacy.get("ldp"):
+        eps = 2 * privacy["clip_delta"] / privacy["noise_lambda"]
+        lines.append(f"  privacy: LDP epsilon {eps:g} per coordinate per upload (clip {privacy['clip_delta']:g}, "
+                     f"Laplace scale {privacy['noise_lambda']:g}); {privacy['pseudo_items']} pseudo items per upload")
     if up:
         lines.append(f"  per client per round: {sum(up) / len(up) / 1e6:.3f} MB up, {sum(down) / len(down) / 1e6:.3f} MB down")
     lines.append(f"  results: {path}/results.json")

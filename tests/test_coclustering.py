@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from fedrec_flwr.coclustering import co_cluster, knn_similarity
+from fedrec_flwr.fppdm.coclustering import co_cluster, knn_similarity
 
 
 def _blobs(n_per=60, groups=3, dim=6, seed=0):

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from clients.fedgnn import FedGNNClient
-from clients.fedgnn_user import FedGNNUser, MemoryStore, local_gradients
+from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore, local_gradients
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
-from fedrec_flwr.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN
-from strategies.fedgnn_merge import ExpansionLink, FedGNNStrategy
-from strategies.fedgnn_server import round_schedule
+from fedrec_flwr.fedgnn.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN
+from strategies.fedgnn import ExpansionLink, FedGNNStrategy
+from fedrec_flwr.fedgnn.server import round_schedule
 
 
 def test_schedule_puts_expansion_after_t_epochs(tiny_cfg):
@@ -97,7 +97,7 @@ def test_neighbours_enter_the_star_graph_and_change_predictions(tiny_cfg):
 def test_strategy_stops_instead_of_training_on_half_expanded_graphs(tiny_cfg):
     cfg = tiny_cfg("expansion.mode=fixed", "expansion.epoch=0")
     link = ExpansionLink(new_run_key(), "127.0.0.1:9", "r")
-    strategy = FedGNNStrategy(cfg, 80, 3.0, None, 60, link)
+    strategy = FedGNNStrategy(cfg, 80, 3.0, None, 60, link, rating_span=4.0)
     assert strategy.phase(2) == PHASE_EXPAND_SUBMIT
     with pytest.raises(RuntimeError, match="graph expansion \\(expand-submit\\) failed for 1 of 1 nodes"):
         strategy.aggregate_fit(2, [], [ConnectionError("neighbour service unreachable")])
@@ -105,4 +105,4 @@ def test_strategy_stops_instead_of_training_on_half_expanded_graphs(tiny_cfg):
 
 def test_expansion_without_a_service_link_is_refused(tiny_cfg):
     with pytest.raises(ValueError, match="needs a neighbour service link"):
-        FedGNNStrategy(tiny_cfg("expansion.mode=fixed", "expansion.epoch=0"), 80, 3.0, None, 60, None)
+        FedGNNStrategy(tiny_cfg("expansion.mode=fixed", "expansion.epoch=0"), 80, 3.0, None, 60, None, rating_span=4.0)

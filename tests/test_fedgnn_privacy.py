@@ -8,12 +8,12 @@ import torch
 from scipy import stats
 
 from clients.fedgnn import FedGNNClient
-from clients.fedgnn_user import MemoryStore, build_upload, init_user_state, local_gradients
+from fedrec_flwr.fedgnn.user import MemoryStore, build_upload, init_user_state, local_gradients
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model
 from fedrec_flwr.privacy import clip_linf, privatize, pseudo_gradient_rows
 from benchmarks.privacy_attack import FEATURES, model_gradient_auc, within_upload_auc
-from fedrec_flwr.protocol import PHASE_REGISTER, PHASE_TRAIN
+from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN
 
 
 def _setup(cfg):
@@ -119,7 +119,7 @@ def test_the_model_gradient_does_not_point_at_the_real_items_under_ldp(tiny_cfg,
 def test_a_user_without_training_ratings_sends_a_valid_upload(tiny_cfg):
     """Real datasets have such users (one in Douban's split): their upload must pass validation, not carry NaN."""
     from fedrec_flwr.data import UserData
-    from strategies.fedgnn_server import FedGNNServer
+    from fedrec_flwr.fedgnn.server import FedGNNServer
 
     cfg = tiny_cfg()
     parts, meta = _setup(cfg)

@@ -7,13 +7,14 @@ import pytest
 from flwr.app import RecordDict
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
 
+from clients.faults import with_faults
 from clients.fedgnn import FedGNNClient
 from clients.user_store import NodeStateStore, UserStateFiles
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model
 from fedrec_flwr.results import RunRecorder
 from inprocess import OK, Manager, Proxy, drive
-from strategies.fedgnn_merge import FedGNNStrategy
+from strategies.fedgnn import FedGNNStrategy
 
 SMALL = ("federation.rounds=6", "federation.clients_per_round=12", "federation.eval_every=3", "model.dropout=0.2")
 
@@ -25,14 +26,15 @@ def _nodes(cfg, parts, per_node: int, first_id: int, files_root=None) -> dict:
     for k, start in enumerate(range(0, n, per_node)):
         files = UserStateFiles(files_root) if files_root else None
         users = list(range(start, min(start + per_node, n)))
-        nodes[first_id + 7919 * k] = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict(), files))
+        client = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict(), files))
+        nodes[first_id + 7919 * k] = with_faults(client, cfg.faults, cfg.seed)
     return nodes
 
 
 def _run(cfg, per_node: int, first_id: int = 10**6, **kw) -> FedGNNStrategy:
     parts = UserPartitions(prepare_partitions(cfg.data))
     strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint,
-                              RunRecorder(cfg.output_dir, "fedgnn", "synthetic", {}), parts.meta.num_users)
+                              RunRecorder(cfg.output_dir, "fedgnn", "synthetic", {}), parts.meta.num_users, rating_span=4.0)
     drive(strategy, _nodes(cfg, parts, per_node, first_id, **kw))
     return strategy
 
@@ -43,42 +45,42 @@ def test_multiplexed_users_train_exactly_as_one_node_per_user(tiny_cfg):
     cfg = tiny_cfg(*SMALL)
     one = _run(cfg, per_node=1, first_id=5)
     many = _run(cfg, per_node=7, first_id=123456)
-    assert one.final["rmse"] == pytest.approx(many.final["rmse"], abs=1e-6)
-    for a, b in zip(one.model_weights(), many.model_weights()):
+    assert one.rounds.final["rmse"] == pytest.approx(many.rounds.final["rmse"], abs=1e-6)
+    for a, b in zip(one.server.model_weights(), many.server.model_weights()):
         np.testing.assert_allclose(a, b, atol=1e-6)
-    train = [r for r in many.recorder.doc["rounds"] if r.get("phase") == "train"]
+    train = [r for r in many.recorder.history() if r.get("phase") == "train"]
     assert all(r["clients"] == 12 and r["accepted"] == 12 for r in train)
-    assert many.recorder.doc["rounds"][0]["nodes"] == -(-60 // 7)
+    assert many.recorder.history()[0]["nodes"] == -(-60 // 7)
 
 
 def test_upload_for_a_user_the_node_does_not_host_is_rejected(tiny_cfg):
     cfg = tiny_cfg(*SMALL)
     parts = UserPartitions(prepare_partitions(cfg.data))
-    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users)
+    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users, rating_span=4.0)
     nodes = _nodes(cfg, parts, 30, 1)
     honest, other = list(nodes)
     drive(strategy, nodes, last_round=1)  # registration
-    before = strategy.model_weights()
+    before = strategy.server.model_weights()
     proxy, fit_ins = strategy.configure_fit(2, None, Manager(nodes))[0]
     node = proxy.node_id
     arrays, n, m = nodes[node].fit(parameters_to_ndarrays(fit_ins.parameters), fit_ins.config)
     liar = other if node == honest else honest  # the same upload, sent by a node that does not host those users
     strategy.aggregate_fit(2, [(Proxy(liar), FitRes(OK, ndarrays_to_parameters(arrays), n, m))], [])
-    reasons = [why for _, why in strategy.rejections]
+    reasons = [why for _, why in strategy.rounds.rejections]
     assert len(reasons) == len(arrays[0]) and all("is not hosted by this node" in r for r in reasons)
-    for a, b in zip(before, strategy.model_weights()):
+    for a, b in zip(before, strategy.server.model_weights()):
         np.testing.assert_array_equal(a, b)  # nothing averaged in
 
 
 def test_a_user_claimed_by_two_nodes_is_refused(tiny_cfg):
     cfg = tiny_cfg(*SMALL)
     parts = UserPartitions(prepare_partitions(cfg.data))
-    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users)
+    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users, rating_span=4.0)
     nodes = _nodes(cfg, parts, 60, 1)
     nodes[2] = FedGNNClient(cfg, parts.meta, [0, 1], parts.user, NodeStateStore(RecordDict()))  # impostor
     drive(strategy, nodes, last_round=1)
-    assert strategy.user_node[0] in (1, 2) and len(strategy.server.registry) == 60
-    assert any("already registered by another node" in why for _, why in strategy.rejections)
+    assert strategy.registry.node_of(0) in (1, 2) and len(strategy.server.registry) == 60
+    assert any("already registered by another node" in why for _, why in strategy.rounds.rejections)
 
 
 @pytest.mark.parametrize("server_opt", [(), ("server_opt.name=adam", "server_opt.lr_decay=0.8", "server_opt.item_beta1=0.99",
@@ -92,19 +94,19 @@ def test_killed_and_resumed_run_ends_with_the_uninterrupted_metrics(tiny_cfg, tm
     cfg = tiny_cfg(*base, f"output_dir={tmp_path / 'killed'}")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
-    first = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, RunRecorder(cfg.output_dir, "fedgnn", "s", {}), meta.num_users)
+    first = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, RunRecorder(cfg.output_dir, "fedgnn", "s", {}), meta.num_users, rating_span=4.0)
     devices = tmp_path / "devices"
     drive(first, _nodes(cfg, parts, 5, 1, devices), last_round=6)  # register + 5 training rounds, then "killed"
     assert first.last_checkpoint == 5  # logical round 5 = training round 4
     resumed_cfg = tiny_cfg(*base, f"output_dir={tmp_path / 'killed'}", "checkpoint.resume=true")
     second = FedGNNStrategy(resumed_cfg, meta.num_items, meta.scale.midpoint,
-                            RunRecorder(resumed_cfg.output_dir, "fedgnn", "s", {}), meta.num_users)
+                            RunRecorder(resumed_cfg.output_dir, "fedgnn", "s", {}), meta.num_users, rating_span=4.0)
     assert second.num_rounds == 1 + 2  # re-registration + training rounds 5 and 6
     drive(second, _nodes(resumed_cfg, parts, 5, 999, devices))  # new processes: node state starts empty
-    assert second.final["rmse"] == pytest.approx(clean.final["rmse"], abs=1e-6)
-    for a, b in zip(clean.model_weights(), second.model_weights()):
+    assert second.rounds.final["rmse"] == pytest.approx(clean.rounds.final["rmse"], abs=1e-6)
+    for a, b in zip(clean.server.model_weights(), second.server.model_weights()):
         np.testing.assert_allclose(a, b, atol=1e-6)
-    rounds = [r["round"] for r in second.recorder.doc["rounds"] if r.get("phase") == "train"]
+    rounds = [r["round"] for r in second.recorder.history() if r.get("phase") == "train"]
     assert rounds == [2, 3, 4, 5, 6, 7]  # history of the killed run, then the resumed rounds
 
 
@@ -112,16 +114,16 @@ def test_resume_refuses_a_checkpoint_from_another_config(tiny_cfg, tmp_path):
     _run(tiny_cfg(*SMALL, "checkpoint.every=3", f"output_dir={tmp_path}"), 30, files_root=tmp_path / "dev")
     cfg = tiny_cfg(*SMALL, "checkpoint.every=3", f"output_dir={tmp_path}", "checkpoint.resume=true", "model.dim=8")
     with pytest.raises(ValueError, match="different config .*'model'"):
-        FedGNNStrategy(cfg, 80, 3.0, None, 60)
+        FedGNNStrategy(cfg, 80, 3.0, None, 60, rating_span=4.0)
 
 
 def test_injected_crashes_and_malformed_uploads_do_not_stop_training(tiny_cfg):
     cfg = tiny_cfg(*SMALL, "faults.crash=0.2", "faults.malformed=0.1")
     strategy = _run(cfg, per_node=1)
-    train = [r for r in strategy.recorder.doc["rounds"] if r.get("phase") == "train"]
-    assert len(train) == 6 and np.isfinite(strategy.final["rmse"])
+    train = [r for r in strategy.recorder.history() if r.get("phase") == "train"]
+    assert len(train) == 6 and np.isfinite(strategy.rounds.final["rmse"])
     failures = sum(r["failures"] for r in train)
-    nan_rejections = [w for _, w in strategy.rejections if "NaN" in w]
+    nan_rejections = [w for _, w in strategy.rounds.rejections if "NaN" in w]
     assert failures > 0 and nan_rejections  # both kinds happened and were logged
     assert all(r["accepted"] + r["rejected"] <= 12 for r in train)  # failures are counted among the rejected
     assert all(r["applied"] == (r["accepted"] >= cfg.federation.min_clients) for r in train)
@@ -130,11 +132,11 @@ def test_injected_crashes_and_malformed_uploads_do_not_stop_training(tiny_cfg):
 def test_min_clients_policy_keeps_the_model_when_too_few_updates_arrive(tiny_cfg):
     cfg = tiny_cfg(*SMALL, "faults.crash=1.0")  # every sampled node crashes
     strategy = _run(cfg, per_node=4)
-    train = [r for r in strategy.recorder.doc["rounds"] if r.get("phase") == "train"]
+    train = [r for r in strategy.recorder.history() if r.get("phase") == "train"]
     assert all(not r["applied"] and r["accepted"] == 0 and r["failures"] > 0 for r in train)
     meta = UserPartitions(prepare_partitions(cfg.data)).meta
-    untouched = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, None, meta.num_users)
-    for a, b in zip(untouched.model_weights(), strategy.model_weights()):
+    untouched = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, None, meta.num_users, rating_span=4.0)
+    for a, b in zip(untouched.server.model_weights(), strategy.server.model_weights()):
         np.testing.assert_array_equal(a, b)
 
 
@@ -144,12 +146,12 @@ def test_bias_vectors_are_learned_as_shared_model_weights(tiny_cfg):
     cfg = tiny_cfg(*SMALL, "model.biases=true")
     strategy = _run(cfg, per_node=4)
     plain = _run(tiny_cfg(*SMALL), per_node=4)
-    weights = strategy.model_weights()
-    assert len(weights) == len(plain.model_weights()) + 2
+    weights = strategy.server.model_weights()
+    assert len(weights) == len(plain.server.model_weights()) + 2
     names = [n for n, _ in build_model(cfg.model, 3.0).named_parameters()]  # the order of the weight list
     user_bias, item_bias = weights[names.index("user_bias")], weights[names.index("item_bias")]
     assert user_bias.shape == item_bias.shape == (16,)
     assert np.abs(user_bias).max() > 0 and np.abs(item_bias).max() > 0
-    train = [r for r in strategy.recorder.doc["rounds"] if r.get("phase") == "train"]
+    train = [r for r in strategy.recorder.history() if r.get("phase") == "train"]
     assert all(r["accepted"] == 12 and r["rejected"] == 0 for r in train)
-    assert np.isfinite(strategy.final["rmse"])
+    assert np.isfinite(strategy.rounds.final["rmse"])

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrec_flwr.protocol import UploadRejected
-from strategies.fedgnn_merge import validate_registration
-from strategies.fedgnn_server import merge_item_gradients, validate_upload
+from fedrec_flwr.messages import UploadRejected
+from fedrec_flwr.fedgnn.rounds import validate_registration
+from fedrec_flwr.fedgnn.server import merge_item_gradients, validate_upload
 
 SHAPES = [(3, 2), ()]
 
@@ -64,7 +64,7 @@ def test_server_step_does_not_depend_on_arrival_order(tiny_cfg):
     """Flower delivers results in any order; the model after a round must be the same bits regardless."""
     import torch
 
-    from strategies.fedgnn_server import FedGNNServer, TrainUpdate
+    from fedrec_flwr.fedgnn.server import FedGNNServer, TrainUpdate
 
     cfg = tiny_cfg()
     rng = np.random.default_rng(3)
@@ -88,7 +88,7 @@ def test_server_step_does_not_depend_on_arrival_order(tiny_cfg):
 
 def _push_items(server, signs):
     """Apply one update per sign: every model gradient and item row equal to that sign."""
-    from strategies.fedgnn_server import TrainUpdate
+    from fedrec_flwr.fedgnn.server import TrainUpdate
 
     shapes = [w.shape for w in server.model_weights()]
     ids = np.arange(40, dtype=np.int64)
@@ -99,7 +99,7 @@ def _push_items(server, signs):
 
 def test_item_table_takes_its_own_learning_rate(tiny_cfg):
     """server_opt.item_lr moves the item rows at its own rate; the model keeps server_opt.lr."""
-    from strategies.fedgnn_server import FedGNNServer
+    from fedrec_flwr.fedgnn.server import FedGNNServer
 
     base = tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01")
     fast = tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05")
@@ -114,7 +114,7 @@ def test_item_table_takes_its_own_learning_rate(tiny_cfg):
 
 def test_lr_decay_shrinks_both_rates_after_every_round(tiny_cfg):
     """server_opt.lr_decay = g: round r moves by lr * g^(r-1), for the model and the item table."""
-    from strategies.fedgnn_server import FedGNNServer
+    from fedrec_flwr.fedgnn.server import FedGNNServer
 
     server = FedGNNServer(tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05",
                                    "server_opt.lr_decay=0.5"), 80, 3.0)
@@ -130,7 +130,7 @@ def test_lr_decay_shrinks_both_rates_after_every_round(tiny_cfg):
 def test_item_weight_decay_shrinks_every_row_at_the_current_item_rate(tiny_cfg):
     """server_opt.item_weight_decay = w: each round scales all item rows by 1 - item_rate * w (the rate
     after lr_decay), whether or not the round touched them; the model's weights are not decayed."""
-    from strategies.fedgnn_server import FedGNNServer
+    from fedrec_flwr.fedgnn.server import FedGNNServer
 
     server = FedGNNServer(tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05",
                                    "server_opt.lr_decay=0.5", "server_opt.item_weight_decay=2"), 80, 3.0)
@@ -144,7 +144,7 @@ def test_item_weight_decay_shrinks_every_row_at_the_current_item_rate(tiny_cfg):
 @pytest.mark.parametrize("beta1", [0.9, 0.99])
 def test_item_beta1_sets_how_long_adam_remembers_an_item_row_gradient(tiny_cfg, beta1):
     """Gradient +1 then -1: the second Adam step undoes only the share of the first that beta1 forgets."""
-    from strategies.fedgnn_server import FedGNNServer
+    from fedrec_flwr.fedgnn.server import FedGNNServer
 
     server = FedGNNServer(tiny_cfg("server_opt.name=adam", "server_opt.lr=0.01", f"server_opt.item_beta1={beta1}"), 80, 3.0)
     start = server.items.detach().clone()

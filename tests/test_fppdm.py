@@ -8,13 +8,13 @@ import torch
 from scipy.optimize import minimize
 
 from clients.fppdm import FPPDMDomainClient
-from clients.fppdm_domain import DomainData, DomainTrainer, sample_training_negatives
-from fedrec_flwr.barycenter import diagonal_barycenter, user_barycenters
+from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer, sample_training_negatives
+from fedrec_flwr.fppdm.barycenter import diagonal_barycenter, user_barycenters
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data.synthetic import make_synthetic_multidomain
 from fedrec_flwr.models.gaussian_gcn import w2_squared
-from fedrec_flwr.protocol import UploadRejected
-from strategies.barycenter import validate_distributions
+from fedrec_flwr.messages import UploadRejected
+from strategies.fppdm import validate_distributions
 
 
 def test_w2_between_diagonal_gaussians_matches_the_general_formula():
@@ -109,7 +109,7 @@ class _Store:
 
 
 def test_only_user_distributions_leave_a_domain_and_k3_rounds_run(tmp_path):
-    from strategies.barycenter import WassersteinBarycenterStrategy
+    from strategies.fppdm import WassersteinBarycenterStrategy
 
     cfg = _cfg(tmp_path, "fppdm.local_epochs=1")
     ds = make_synthetic_multidomain(seed=0, num_domains=3)
@@ -137,7 +137,7 @@ def test_only_user_distributions_leave_a_domain_and_k3_rounds_run(tmp_path):
 
 
 def test_fppdm_pp_round_pulls_users_towards_their_clusters(tmp_path):
-    from fedrec_flwr.coclustering import co_cluster
+    from fedrec_flwr.fppdm.coclustering import co_cluster
 
     cfg = _cfg(tmp_path, "fppdm.lambda_c=5.0", "fppdm.clusters=4", "fppdm.local_epochs=2")
     domain = make_synthetic_multidomain(seed=0).domains[0]
@@ -157,7 +157,7 @@ def test_fppdm_pp_round_pulls_users_towards_their_clusters(tmp_path):
 
 def test_paillier_round_equals_plaintext_barycenter_and_server_sees_no_values(tmp_path):
     from fedrec_flwr.privacy.paillier_pack import DomainKeys
-    from strategies.barycenter import WassersteinBarycenterStrategy
+    from strategies.fppdm import WassersteinBarycenterStrategy
 
     key_file = tmp_path / "keys.json"
     DomainKeys.generate(1024).save(key_file)
@@ -180,7 +180,7 @@ def test_paillier_round_equals_plaintext_barycenter_and_server_sees_no_values(tm
         reply = strategy._for_domain(0)
         client = FPPDMDomainClient(cfg, ds.domains[0], 0, stores[0])
         if secure:
-            from fedrec_flwr.secure_barycenter import decrypt_barycenters
+            from fedrec_flwr.fppdm.secure_barycenter import decrypt_barycenters
             mu, sigma = decrypt_barycenters(client.keys, client.packer, reply[1], reply[2], 8)
         else:
             mu, sigma = reply[1], reply[2]

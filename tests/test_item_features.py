@@ -12,8 +12,8 @@ from fedrec_flwr.data import DataError, UserPartitions, prepare_partitions
 from fedrec_flwr.data.registry import load_dataset
 from fedrec_flwr.models import RatingGNN, build_star_batch
 from fedrec_flwr.node_data import NodeDataError, export_nodes, load_user_file
-from clients.fedgnn_user import FedGNNUser, MemoryStore
-from strategies.fedgnn_server import FedGNNServer
+from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.server import FedGNNServer
 
 
 def _item_line(item: int, genres: list[int]) -> str:
@@ -110,7 +110,7 @@ def test_features_flow_through_partitions_and_are_learned_under_ldp(tiny_cfg):
     server = FedGNNServer(cfg_tight, parts.meta.num_items, parts.meta.scale.midpoint, num_item_features=8)
     user = FedGNNUser(cfg_tight, parts.meta, parts.user(5), MemoryStore())
     server.register(5, user.register())
-    upload = user.train(server.model_weights(), server.rows_for(5), 2, {})
+    upload = user.train(server.model_weights(), server.rows_for(5), 2)
     assert len(upload) == len(server.model_weights()) + 2
     names = [n for n, _ in server.model.named_parameters()]
     assert upload[names.index("item_feature_map")].shape == (8, 16)  # the map's gradient is uploaded

@@ -135,6 +135,18 @@ class UserPartitions:
                             "delete the folder to rebuild it") from None
         self.directory = directory
 
+    def ratings(self) -> RatingDataset:
+        """The whole split as one RatingDataset (for centralized baselines; clients never call it)."""
+        a = self._arrays
+
+        def part(name: str) -> Ratings:
+            counts = np.diff(np.asarray(a[f"{name}_offsets"]))
+            users = np.repeat(np.arange(self.meta.num_users, dtype=np.int64), counts)
+            return Ratings(users, np.asarray(a[f"{name}_items"], np.int64), np.asarray(a[f"{name}_values"], np.float32))
+
+        m = self.meta
+        return RatingDataset(m.dataset, m.num_users, m.num_items, m.scale, part("train"), part("test"))
+
     def user(self, u: int) -> UserData:
         """The train and test ratings of user `u`, copied out of the memory map."""
         if not 0 <= u < self.meta.num_users:

@@ -16,12 +16,12 @@ import numpy as np
 from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.strategy import FedAvg
 
-from fedrec_flwr.barycenter import user_barycenters
+from fedrec_flwr.fppdm.barycenter import user_barycenters
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.privacy.paillier_pack import FixedPointPacker, ciphertexts_to_array
-from fedrec_flwr.protocol import UploadRejected, array_bytes
+from fedrec_flwr.messages import UploadRejected, array_bytes
 from strategies.nodes import wait_for_nodes
-from fedrec_flwr.secure_barycenter import per_user_ciphertexts, sum_encrypted
+from fedrec_flwr.fppdm.secure_barycenter import per_user_ciphertexts, sum_encrypted
 from fedrec_flwr.results import RunRecorder, report_round
 
 log = logging.getLogger("fedrec_flwr.fppdm")

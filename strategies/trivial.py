@@ -7,7 +7,7 @@ import time
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.strategy import FedAvg
 
-from fedrec_flwr.protocol import array_bytes
+from fedrec_flwr.messages import array_bytes
 from fedrec_flwr.results import RunRecorder
 
 

@@ -2,7 +2,7 @@
 
 The user's embedding and ratings never leave the device. What leaves is the LDP-protected
 gradient of the shared model and of the item rows of its anonymity set (rated, test and
-pseudo items together, sorted by id), see `fedrec_flwr.protocol`. This module needs only
+pseudo items together, sorted by id), see `fedrec_flwr.fedgnn.protocol`. This module needs only
 torch and torch-geometric, so GPU benchmarks can drive it on machines without flwr or ray;
 `clients.fedgnn` wraps it in Flower's NumPyClient.
 """
@@ -10,6 +10,7 @@ torch and torch-geometric, so GPU benchmarks can drive it on machines without fl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.metrics import squared_error_sum
 from fedrec_flwr.models import RatingGNN, build_model, build_star_batch
 from fedrec_flwr.privacy import num_pseudo, privatize, pseudo_gradient_rows, sample_pseudo_items
+from fedrec_flwr.fedgnn.protocol import ExpansionLink, RoundConfig
 from fedrec_flwr.neighbours import NeighbourClient, item_tokens
 
 
@@ -38,13 +40,26 @@ class UserState:
         return UserState(self.embedding.copy(), self.anonymity_ids.copy(), self.neighbours.copy(), self.handle)
 
 
+class UserStore(Protocol):
+    """Where a node keeps its users' states between rounds (`MemoryStore`, `clients.user_store.NodeStateStore`)."""
+
+    def begin_round(self, round_config: RoundConfig) -> None:
+        """Take note of the round the server announced (checkpoint and resume marks)."""
+
+    def load(self, user: int) -> UserState | None:
+        """The stored state of `user`, or None before its first round."""
+
+    def save(self, user: int, st: UserState, server_round: int = 0) -> None:
+        """Keep `user`'s state after `server_round`."""
+
+
 class MemoryStore:
-    """The same interface over a dict: for tests and for driving clients without Flower."""
+    """A UserStore over a dict: for tests and for driving users without Flower."""
 
     def __init__(self):
         self.states: dict[int, UserState] = {}
 
-    def begin_round(self, config) -> None:
+    def begin_round(self, round_config: RoundConfig) -> None:
         """Nothing to note: a memory store lives exactly as long as its run."""
 
     def load(self, user: int) -> UserState | None:
@@ -200,7 +215,8 @@ class FedGNNUser:
         """The user's id (known to the recommendation server, which knows who its clients are)."""
         return self.data.user
 
-    def _rows(self, rows: np.ndarray) -> np.ndarray:
+    def item_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The server's rows of this user's anonymity set as float32, checked against the set's shape."""
         rows = np.asarray(rows, np.float32)
         if rows.shape != (self.state.anonymity_ids.size, self.cfg.model.dim):
             raise ValueError(f"item rows have shape {rows.shape}, expected {(self.state.anonymity_ids.size, self.cfg.model.dim)}")
@@ -211,7 +227,7 @@ class FedGNNUser:
         self.store.save(self.user, self.state)
         return self.state.anonymity_ids.astype(np.int32)
 
-    def expand(self, config, submit: bool, fetch: bool) -> int:
+    def expand(self, link: ExpansionLink, retries: int, submit: bool, fetch: bool, server_round: int = 0) -> int:
         """Talk to the neighbour service directly: send embedding + keyed item tokens, get neighbours.
 
         A user without rated items can share an item with nobody: it keeps no neighbours and does
@@ -219,24 +235,24 @@ class FedGNNUser:
         """
         if self.data.train_items.size == 0:
             return 0
-        client = NeighbourClient(str(config["nb_address"]), retries=int(config["nb_retries"]))
-        run_id = str(config["nb_run"])
+        client = NeighbourClient(link.address, retries=retries)
         if submit:
-            tokens = item_tokens(bytes(config["nb_key"]), self.data.train_items)
-            client.submit(run_id, self.state.handle, self.state.embedding, tokens)
+            client.submit(link.run_id, self.state.handle, self.state.embedding, item_tokens(link.key, self.data.train_items))
         if fetch:
-            self.state.neighbours = client.neighbours(run_id, self.state.handle).astype(np.float32)
-        self.store.save(self.user, self.state, int(config.get("round", 0)))
+            self.state.neighbours = client.neighbours(link.run_id, self.state.handle).astype(np.float32)
+        self.store.save(self.user, self.state, server_round)
         return int(self.state.neighbours.shape[0])
 
-    def train(self, weights: list[np.ndarray], rows: np.ndarray, server_round: int, config) -> list[np.ndarray]:
+    def train(self, weights: list[np.ndarray], rows: np.ndarray, server_round: int,
+              round_config: RoundConfig | None = None) -> list[np.ndarray]:
         """One local step on the current global model; returns the protected upload [*grads, ids, rows]."""
-        if config.get("nb_refresh"):  # trainable expansion: fresh neighbour embeddings every round
-            self.expand(config, submit=True, fetch=True)
+        if round_config is not None and round_config.refresh_neighbours and round_config.expansion is not None:
+            self.expand(round_config.expansion, round_config.retries, submit=True, fetch=True, server_round=server_round)
         set_weights(self.model, weights)
         rng = user_rng(self.cfg.seed, self.user, 1, server_round)
         torch.manual_seed(int(rng.integers(2**62)))  # dropout masks: a function of (seed, user, round) too
-        grads, real_rows, new_emb, _ = local_gradients(self.cfg, self.model, self.state, self.data, self._rows(rows), rng, self.device)
+        grads, real_rows, new_emb, _ = local_gradients(self.cfg, self.model, self.state, self.data,
+                                                       self.item_rows(rows), rng, self.device)
         self.state.embedding = new_emb.astype(np.float32)
         self.store.save(self.user, self.state, server_round)
         return build_upload(self.cfg, self.state, self.data, grads, real_rows, rng)
@@ -244,5 +260,5 @@ class FedGNNUser:
     def evaluate(self, weights: list[np.ndarray], rows: np.ndarray) -> tuple[float, float, int]:
         """(SSE, SAE, n) on the user's own test ratings."""
         set_weights(self.model, weights)
-        return evaluate_user(self.model, self.state, self.data, self._rows(rows), self.meta.scale.low,
+        return evaluate_user(self.model, self.state, self.data, self.item_rows(rows), self.meta.scale.low,
                              self.meta.scale.high, self.device)

@@ -1,7 +1,7 @@
 """The FedGNN recommendation server without Flower: upload validation, pseudo-item gradient
 merging, the server optimiser step, round schedule and checkpoints.
 
-`strategies.fedgnn_merge.FedGNNStrategy` puts this behind Flower's Strategy API; GPU and
+`strategies.fedgnn.FedGNNStrategy` puts this behind Flower's Strategy API; GPU and
 sweep benchmarks drive it directly (it needs only numpy and torch).
 """
 
@@ -14,14 +14,11 @@ import numpy as np
 import torch
 
 from fedrec_flwr.config import AppConfig
-from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.models import build_model
-from fedrec_flwr.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, UploadRejected
-
-CHECKPOINT_FILE = "server.pt"
+from fedrec_flwr.fedgnn.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, UploadRejected
 
 
-def check_ids(ids: np.ndarray, num_items: int, min_rows: int) -> np.ndarray:
+def check_anonymity_set(ids: np.ndarray, num_items: int, min_rows: int) -> np.ndarray:
     """An anonymity set, checked: 1-D integer, >= min_rows ids, in range, no duplicates."""
     ids = np.asarray(ids)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
@@ -48,18 +45,27 @@ def validate_upload(
         a = np.asarray(a)
         if a.shape != shape:
             raise UploadRejected(f"model gradient {i} has shape {a.shape}, expected {shape}")
-        if not np.issubdtype(a.dtype, np.floating) or not np.isfinite(a).all():
-            raise UploadRejected(f"model gradient {i} has NaN/Inf or a non-float dtype")
-        grads.append(a.astype(np.float32))
-    ids = check_ids(arrays[n], num_items, min_rows)
+        grads.append(_as_server_floats(a, f"model gradient {i}"))
+    ids = check_anonymity_set(arrays[n], num_items, min_rows)
     rows = np.asarray(arrays[n + 1])
     if rows.shape != (ids.size, dim):
         raise UploadRejected(f"item rows have shape {rows.shape}, expected {(ids.size, dim)}")
-    if not np.issubdtype(rows.dtype, np.floating) or not np.isfinite(rows).all():
-        raise UploadRejected("item rows have NaN/Inf or a non-float dtype")
+    rows = _as_server_floats(rows, "item rows")
     if registered is not None and not np.array_equal(ids, registered):
         raise UploadRejected("item ids differ from the anonymity set the client registered")
-    return grads, ids, rows.astype(np.float32)
+    return grads, ids, rows
+
+
+def _as_server_floats(a: np.ndarray, what: str) -> np.ndarray:
+    """`a` as the server's float32, refused unless it is a float array whose values and squares (Adam's
+    second moment) stay finite after the cast: 1e300 sent as float64 becomes inf in float32."""
+    if not np.issubdtype(a.dtype, np.floating):
+        raise UploadRejected(f"{what} have dtype {a.dtype}, expected a float dtype")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = a.astype(np.float32)
+        if not np.isfinite(np.square(out)).all():
+            raise UploadRejected(f"{what} have NaN/Inf or values too large for float32 arithmetic")
+    return out
 
 
 def merge_item_gradients(
@@ -75,6 +81,40 @@ def merge_item_gradients(
     touched = np.flatnonzero(count)
     denom = count[touched][:, None] if normalise == "count" else max(len(uploads), 1)
     return touched, (total[touched] / denom).astype(np.float32)
+
+
+def robust_location(stack: np.ndarray, how: str, trim_fraction: float) -> np.ndarray:
+    """Coordinate-wise location over axis 0 of `stack` (NaN marks a missing value): "mean", "median", or
+    "trimmed" mean dropping floor(trim_fraction * k) values at each end of the k present ones."""
+    if how == "mean":
+        return np.nanmean(stack, axis=0)
+    if how == "median":
+        return np.nanmedian(stack, axis=0)
+    k = np.sum(~np.isnan(stack), axis=0)
+    t = np.floor(trim_fraction * k)
+    ordered = np.sort(stack, axis=0)  # NaN sort last
+    rank = np.arange(stack.shape[0]).reshape((-1,) + (1,) * (stack.ndim - 1))
+    keep = (rank >= t) & (rank < k - t)
+    return np.where(keep, ordered, 0.0).sum(axis=0) / np.maximum(k - 2 * t, 1)
+
+
+def robust_merge_items(uploads: list[tuple[np.ndarray, np.ndarray]], num_items: int, dim: int, normalise: str,
+                       how: str, trim_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(touched ids, merged rows) like `merge_item_gradients`, with each item's rows combined by `how` over
+    the uploads that carry it; "clients" then scales by count / |S| so that "mean" equals sum / |S|."""
+    count = np.zeros(num_items, np.int64)
+    for ids, _ in uploads:
+        count[ids] += 1
+    touched = np.flatnonzero(count)
+    slot = np.full(num_items, -1, np.int64)
+    slot[touched] = np.arange(touched.size)
+    stack = np.full((len(uploads), touched.size, dim), np.nan, np.float64)
+    for j, (ids, rows) in enumerate(uploads):
+        stack[j, slot[ids]] = rows
+    merged = robust_location(stack, how, trim_fraction)
+    if normalise == "clients":
+        merged = merged * (count[touched][:, None] / max(len(uploads), 1))
+    return touched, merged.astype(np.float32)
 
 
 def round_schedule(cfg: AppConfig, num_users: int) -> list[str]:
@@ -165,7 +205,7 @@ class FedGNNServer:
     # -- what comes in ---------------------------------------------------------------
     def register(self, user: int, ids: np.ndarray) -> None:
         """Record a user's anonymity set after checking it."""
-        self.registry[user] = check_ids(ids, self.num_items, self.min_rows()).astype(np.int32)
+        self.registry[user] = check_anonymity_set(ids, self.num_items, self.min_rows()).astype(np.int32)
 
     def validate(self, user: int, arrays: list[np.ndarray]) -> TrainUpdate:
         """One user's upload checked against the model shapes and its registered set."""
@@ -185,13 +225,21 @@ class FedGNNServer:
         updates = sorted(updates, key=lambda u: u.user)
         s = len(updates)
         self.model_opt.zero_grad()
+        fed = self.cfg.federation
         for i, p in enumerate(self.model.parameters()):
-            mean = np.asarray(sum(u.grads[i].astype(np.float64) for u in updates) / s, np.float32)
+            if fed.robust_merge == "mean":
+                mean = np.asarray(sum(u.grads[i].astype(np.float64) for u in updates) / s, np.float32)
+            else:
+                stack = np.stack([u.grads[i].astype(np.float64) for u in updates])
+                mean = np.asarray(robust_location(stack, fed.robust_merge, fed.trim_fraction), np.float32)
             p.grad = torch.from_numpy(mean).reshape(p.shape).to(self.device)
         self.model_opt.step()
-        center = self.cfg.federation.center_uploads
-        uploads = [(u.ids, u.rows - u.rows.mean(0) if center else u.rows) for u in updates]
-        ids, rows = merge_item_gradients(uploads, self.num_items, self.cfg.model.dim, self.cfg.federation.item_merge)
+        uploads = [(u.ids, u.rows - u.rows.mean(0) if fed.center_uploads else u.rows) for u in updates]
+        if fed.robust_merge == "mean":
+            ids, rows = merge_item_gradients(uploads, self.num_items, self.cfg.model.dim, fed.item_merge)
+        else:
+            ids, rows = robust_merge_items(uploads, self.num_items, self.cfg.model.dim, fed.item_merge,
+                                           fed.robust_merge, fed.trim_fraction)
         self.item_opt.zero_grad()
         index = torch.from_numpy(ids)[None, :].to(self.device)
         # merged ids are sorted, unique and in range (flatnonzero of a count over validated ids): skip the check
@@ -206,28 +254,15 @@ class FedGNNServer:
         for schedule in self.lr_schedules:
             schedule.step()
 
-    # -- checkpoints -----------------------------------------------------------------
-    def save_checkpoint(self, folder: Path, extra: dict) -> Path:
-        """Write model, item table, optimiser and RNG state plus `extra` atomically to folder/server.pt."""
-        import io
-
-        buf = io.BytesIO()
-        torch.save({
-            "model": self.model.state_dict(), "items": self.items.detach().cpu(),
-            "model_opt": self.model_opt.state_dict(), "item_opt": self.item_opt.state_dict(),
-            "torch_rng": torch.get_rng_state(), **extra,
-        }, buf)
-        return atomic_write(Path(folder) / CHECKPOINT_FILE, buf.getvalue())
-
-    def read_checkpoint(self, folder: Path) -> dict:
-        """The checkpoint in `folder` (not yet applied), or FileNotFoundError naming the path."""
-        path = Path(folder) / CHECKPOINT_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint.resume is set but there is no checkpoint at {path}")
-        return torch.load(path, map_location=self.device, weights_only=False)
+    # -- checkpoints (persisted by fedrec_flwr.fedgnn.checkpoint.Checkpointer) -----------
+    def state(self) -> dict:
+        """Model, item table, optimiser and RNG state: what a checkpoint needs to continue this server."""
+        return {"model": self.model.state_dict(), "items": self.items.detach().cpu(),
+                "model_opt": self.model_opt.state_dict(), "item_opt": self.item_opt.state_dict(),
+                "torch_rng": torch.get_rng_state()}
 
     def restore(self, ckpt: dict) -> None:
-        """Put the server back in the state `save_checkpoint` recorded."""
+        """Put the server back in the state `state()` recorded."""
         self.model.load_state_dict(ckpt["model"])
         with torch.no_grad():
             self.items.copy_(ckpt["items"].to(self.device))

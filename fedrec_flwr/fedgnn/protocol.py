@@ -17,25 +17,79 @@ Graph expansion: in phases "expand-submit" / "expand-fetch" (and in every traini
 when expansion.mode = trainable) the config carries the run's token key, the neighbour
 service's address and run id; the client talks to the service directly and uploads nothing
 to the recommendation server.
+
+The config every message carries is a `RoundConfig`; its Flower keys are defined there, once.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+from fedrec_flwr.messages import UploadRejected, array_bytes  # noqa: F401  (re-exported: part of the FedGNN wire API)
 
 PHASE_REGISTER = "register"
 PHASE_TRAIN = "train"
 PHASE_EXPAND_SUBMIT = "expand-submit"  # every user sends embedding + item tokens to the neighbour service
 PHASE_EXPAND_FETCH = "expand-fetch"  # every user fetches its anonymous neighbours' embeddings
+PHASES = (PHASE_REGISTER, PHASE_TRAIN, PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH)
 
 
-def array_bytes(arrays: list[np.ndarray]) -> int:
-    """Payload size of a list of arrays, as Flower serialises them (raw bytes)."""
-    return int(sum(np.asarray(a).nbytes for a in arrays))
+@dataclass(frozen=True)
+class ExpansionLink:
+    """What the server hands clients for graph expansion: the token key and where the service is."""
+
+    key: bytes
+    address: str
+    run_id: str
 
 
-class UploadRejected(ValueError):
-    """A client update that fails validation; the message is the reason that gets logged."""
+@dataclass(frozen=True)
+class RoundConfig:
+    """The config of one server message: phase, logical round, the client-state checkpoint marks, and
+    (expansion rounds, or every round of trainable expansion) the neighbour-service link."""
+
+    phase: str
+    round: int
+    ckpt: int = 0  # last logical round the server checkpointed: clients keep their state as of then
+    resume_from: int = -1  # logical round a resumed run continues after (-1: not resumed)
+    expansion: ExpansionLink | None = None
+    retries: int = 3  # neighbour-service retries
+    refresh_neighbours: bool = False  # trainable expansion: re-expand before training
+
+    # Flower config keys (flat scalars), defined once
+    _KEYS = {"phase": "phase", "round": "round", "ckpt": "ckpt", "resume_from": "resume_from",
+             "key": "nb_key", "address": "nb_address", "run_id": "nb_run", "retries": "nb_retries",
+             "refresh_neighbours": "nb_refresh"}
+
+    def to_flower(self) -> dict:
+        """The flat scalar dict Flower carries in FitIns / EvaluateIns."""
+        k = self._KEYS
+        out = {k["phase"]: self.phase, k["round"]: self.round, k["ckpt"]: self.ckpt, k["resume_from"]: self.resume_from}
+        if self.expansion is not None:
+            out.update({k["key"]: self.expansion.key, k["address"]: self.expansion.address,
+                        k["run_id"]: self.expansion.run_id, k["retries"]: self.retries,
+                        k["refresh_neighbours"]: self.refresh_neighbours})
+        return out
+
+    @classmethod
+    def from_flower(cls, config) -> "RoundConfig":
+        """Parse a received config; ValueError naming the key if it is missing or of the wrong kind."""
+        k = cls._KEYS
+        try:
+            phase = str(config[k["phase"]])
+            link = None
+            if k["address"] in config:
+                link = ExpansionLink(bytes(config[k["key"]]), str(config[k["address"]]), str(config[k["run_id"]]))
+            out = cls(phase, int(config.get(k["round"], 0)), int(config.get(k["ckpt"], 0)),
+                      int(config.get(k["resume_from"], -1)), link, int(config.get(k["retries"], 3)),
+                      bool(config.get(k["refresh_neighbours"], False)))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"server config {dict(config)!r} is malformed: {type(exc).__name__}: {exc}") from None
+        if phase not in PHASES:
+            raise ValueError(f"server config phase {phase!r}; expected one of {PHASES}")
+        return out
 
 
 def users_array(users) -> np.ndarray:

@@ -1,0 +1,269 @@
+"""One FedGNN run's rounds, independent of how messages travel.
+
+The Flower strategy (`strategies.fedgnn`), the in-process runner (`benchmarks.direct`) and the test
+harness (`tests.inprocess`) are transports over this core, so every round step has exactly one
+implementation:
+
+1. register: each node's users send their anonymity sets; a node may speak only for users it is
+   entitled to (`UserRegistry`);
+2. train: sample users (seeded, by user id), build each node's download (model weights plus the
+   item rows of its sampled users' sets), then split each node's reply per user, check that the
+   node hosts the user, validate shapes, ids, dtype and bounds, merge what is accepted, apply the
+   server optimiser, and count each user's uploads (the privacy budget it spends);
+3. evaluate: every `eval_every` training rounds the evaluating users report (SSE, SAE, n), checked
+   against what their test ratings could give, and RMSE = sqrt(sum SSE / sum n).
+
+Rejected messages are logged, counted and never averaged in.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedrec_flwr.config import AppConfig
+from fedrec_flwr.fedgnn.bounds import check_upload_bounds
+from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN, array_bytes, frame_download, split_upload
+from fedrec_flwr.fedgnn.registry import UserRegistry
+from fedrec_flwr.fedgnn.server import FedGNNServer, TrainUpdate, check_anonymity_set, eval_users, round_schedule, sample_users
+from fedrec_flwr.messages import UploadRejected
+from fedrec_flwr.results import RunRecorder, report_round
+
+log = logging.getLogger("fedrec_flwr.fedgnn")
+
+
+def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: int) -> list[tuple[int, np.ndarray]]:
+    """[(user, anonymity set)] of a registration message, each set checked; UploadRejected otherwise."""
+    return [(u, check_anonymity_set(a[0], num_items, min_rows)) for u, a in split_upload(arrays, 1)]
+
+
+@dataclass
+class NodeReply:
+    """What one node sent back in a round: its id and its arrays (fit) or metrics (evaluate)."""
+
+    node_id: int
+    arrays: list[np.ndarray] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+
+
+class FedGNNRounds:
+    """Registration, training and evaluation rounds of one FedGNN run over a `FedGNNServer`."""
+
+    def __init__(self, cfg: AppConfig, server: FedGNNServer, registry: UserRegistry, rating_span: float,
+                 recorder: RunRecorder | None = None):
+        self.cfg, self.server, self.registry, self.recorder = cfg, server, registry, recorder
+        self.rating_span = rating_span  # high - low of the rating scale: bounds a reported squared error
+        self.schedule = round_schedule(cfg, registry.num_users)
+        self.train_rounds_done = 0
+        self.rejections: list[tuple[int, str]] = []
+        self.eval_rejections = 0
+        self.uploads = np.zeros(registry.num_users, np.int64)  # per user: uploads received (budget spent)
+        self.final: dict[str, float] = {}
+        self._eval_plan: dict[int, list[int]] = {}
+
+    # -- bookkeeping -----------------------------------------------------------------
+    def phase(self, logical_round: int) -> str:
+        """The phase of a logical round (1-based: round 1 registers)."""
+        return self.schedule[logical_round - 1]
+
+    def reject(self, logical_round: int, reason: str) -> None:
+        """Log and count one rejected message."""
+        log.warning("round %d: rejected: %s", logical_round, reason)
+        self.rejections.append((logical_round, reason))
+
+    def rejected_in(self, logical_round: int) -> int:
+        """How many messages were rejected in a logical round."""
+        return sum(1 for r, _ in self.rejections if r == logical_round)
+
+    def record(self, record: dict) -> None:
+        """Print one round's record and add it to the run's results."""
+        report_round(self.recorder, "fedgnn", record)
+
+    # -- registration ----------------------------------------------------------------
+    def register(self, logical_round: int, replies: list[NodeReply], started: float) -> dict:
+        """Bind each node's users and record their anonymity sets; a refused node registers nobody."""
+        min_rows = self.server.min_rows()
+        for reply in replies:
+            try:
+                claimed = validate_registration(reply.arrays, self.server.num_items, min_rows)
+                self.registry.check_claim(reply.node_id, [u for u, _ in claimed])
+            except UploadRejected as exc:
+                self.reject(logical_round, f"node {reply.node_id}: registration refused: {exc}")
+                continue
+            for user, ids in claimed:
+                self.server.register(user, ids)
+            self.registry.bind(reply.node_id, [u for u, _ in claimed])
+        record = {"round": logical_round, "phase": PHASE_REGISTER, "clients": len(replies),
+                  "accepted": len(self.server.registry), "nodes": len(self.registry.nodes),
+                  "rejected": self.rejected_in(logical_round), "bytes_down": 0.0, "bytes_up": 0.0,
+                  "round_seconds": time.time() - started}
+        self.record(record)
+        return record
+
+    # -- training --------------------------------------------------------------------
+    def plan_train(self, logical_round: int, connected: set[int]) -> dict[int, list[int]]:
+        """The round's sampled users, grouped by the node hosting them."""
+        chosen = sample_users(self.cfg.seed, logical_round, self.registry.live_users(connected),
+                              self.cfg.federation.clients_per_round)
+        return self.registry.by_node(chosen)
+
+    def download(self, users: list[int], weights: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """One node's download: the model weights and the item rows of its users' anonymity sets."""
+        weights = self.server.model_weights() if weights is None else weights
+        return frame_download(weights, users, [self.server.rows_for(u) for u in users])
+
+    def validate_reply(self, logical_round: int, reply: NodeReply) -> tuple[list[TrainUpdate], int]:
+        """(accepted user parts, users the reply names) of one node's training reply; refusals are counted."""
+        try:
+            parts = split_upload(reply.arrays, len(self.server.model_shapes) + 2)
+        except UploadRejected as exc:
+            self.reject(logical_round, f"node {reply.node_id}: {exc}")
+            return [], 0
+        accepted = []
+        for user, arrays in parts:
+            try:
+                if not self.registry.hosts(reply.node_id, user):
+                    raise UploadRejected(f"user {user} is not hosted by this node")
+                self.uploads[user] += 1
+                update = self.server.validate(user, arrays)
+                check_upload_bounds(self.cfg, [*update.grads, update.rows])
+                accepted.append(update)
+            except UploadRejected as exc:
+                self.reject(logical_round, f"node {reply.node_id} user {user}: {exc}")
+        return accepted, len(parts)
+
+    def train(self, logical_round: int, replies: list[NodeReply], failures: list[str], started: float,
+              bytes_down: float) -> dict:
+        """Validate every reply, apply the accepted updates (if at least min_clients), record the round."""
+        for why in failures:
+            self.reject(logical_round, f"client failure: {why}")
+        accepted: list[TrainUpdate] = []
+        up = users_seen = 0
+        for reply in replies:
+            up += array_bytes(reply.arrays)
+            updates, named = self.validate_reply(logical_round, reply)
+            users_seen += named
+            accepted += updates
+        self.train_rounds_done += 1
+        applied = len(accepted) >= self.cfg.federation.min_clients
+        if applied:
+            self.server.apply(accepted)
+        else:
+            log.warning("round %d: %d accepted updates < min_clients=%d; model unchanged",
+                        logical_round, len(accepted), self.cfg.federation.min_clients)
+        record = {"round": logical_round, "phase": PHASE_TRAIN, "clients": users_seen, "accepted": len(accepted),
+                  "rejected": self.rejected_in(logical_round), "failures": len(failures), "applied": applied,
+                  "bytes_down": bytes_down, "bytes_up": up / max(users_seen, 1)}
+        if self.cfg.privacy.ldp:
+            record["epsilon"] = 2 * self.cfg.privacy.clip_delta / self.cfg.privacy.noise_lambda
+        record["round_seconds"] = time.time() - started
+        self.record(record)
+        return record
+
+    # -- evaluation ------------------------------------------------------------------
+    def is_eval_round(self, last_round: bool) -> bool:
+        """True after every `eval_every` training rounds and after the last one."""
+        r = self.train_rounds_done
+        return r > 0 and (r % self.cfg.federation.eval_every == 0 or last_round)
+
+    def plan_eval(self, connected: set[int]) -> dict[int, list[int]]:
+        """The evaluating users (all, or a fixed seeded sample), grouped by node."""
+        users = eval_users(self.cfg.seed, self.registry.live_users(connected), self.cfg.federation.eval_fraction)
+        self._eval_plan = self.registry.by_node(users)
+        return self._eval_plan
+
+    def check_eval_reply(self, reply: NodeReply) -> tuple[float, float, int]:
+        """(SSE, SAE, n) of one node's evaluation reply, or UploadRejected if no honest node could send it."""
+        users = self._eval_plan.get(reply.node_id)
+        if users is None:
+            raise UploadRejected("evaluation reply from a node that was not asked to evaluate")
+        try:
+            sse, sae = float(reply.metrics["sse"]), float(reply.metrics["sae"])
+            n_raw = reply.metrics["n"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UploadRejected(f"evaluation reply needs numeric sse, sae and n ({type(exc).__name__}: {exc})") from None
+        if isinstance(n_raw, bool) or not isinstance(n_raw, (int, np.integer)) or n_raw < 0:
+            raise UploadRejected(f"evaluation n = {n_raw!r}; expected a non-negative integer")
+        n = int(n_raw)
+        most = sum(self.server.registry[u].size for u in users)  # test items lie inside each anonymity set
+        if n > most:
+            raise UploadRejected(f"evaluation n = {n} exceeds the {most} items the node's users registered")
+        if not (math.isfinite(sse) and math.isfinite(sae)) or sse < 0 or sae < 0:
+            raise UploadRejected(f"evaluation sse = {sse}, sae = {sae}; expected finite and >= 0")
+        span = self.rating_span
+        if sse > n * span * span * (1 + 1e-9) or sae > n * span * (1 + 1e-9):
+            raise UploadRejected(f"evaluation sse = {sse:.4g} / sae = {sae:.4g} exceed what {n} ratings on a scale "
+                                 f"of range {span:g} can give")
+        return sse, sae, n
+
+    def evaluate(self, logical_round: int, replies: list[NodeReply], failures: int) -> dict | None:
+        """RMSE and MAE over the accepted evaluation replies (None when no test rating was reported)."""
+        sse_parts, sae_parts, n = [], [], 0
+        for reply in replies:
+            try:
+                s, a, k = self.check_eval_reply(reply)
+            except UploadRejected as exc:
+                self.eval_rejections += 1
+                self.reject(logical_round, f"node {reply.node_id}: {exc}")
+                continue
+            sse_parts.append(s)
+            sae_parts.append(a)
+            n += k
+        if n == 0:
+            log.warning("round %d: no test ratings among the %d evaluating nodes (%d failed)",
+                        logical_round, len(replies), failures)
+            return None
+        sse, sae = math.fsum(sse_parts), math.fsum(sae_parts)  # exact: independent of arrival order
+        metrics = {"rmse": math.sqrt(sse / n), "mae": sae / n, "eval_ratings": n, "eval_failures": failures,
+                   "eval_rejected": self.eval_rejections}
+        self.final = {"rmse": metrics["rmse"], "mae": metrics["mae"]}
+        self.record({"round": logical_round, **metrics})
+        return metrics
+
+    # -- end of run and checkpoints --------------------------------------------------
+    def upload_counts(self) -> dict[str, float]:
+        """How often users uploaded: max, median over registered users, and the total."""
+        registered = sorted(self.server.registry)
+        counts = self.uploads[registered] if registered else np.zeros(1, np.int64)
+        return {"max": int(counts.max()), "median": float(np.median(counts)), "total": int(self.uploads.sum())}
+
+    def finish(self) -> None:
+        """Write the final metrics, rejections and per-user upload counts, and print the run summary."""
+        if self.recorder is None or self.recorder.finished:
+            return
+        extra = {"rejections": [{"round": r, "reason": why} for r, why in self.rejections],
+                 "eval_rejected": self.eval_rejections, "uploads_per_user": self.upload_counts()}
+        path = self.recorder.finish(dict(self.final), extra)
+        train = [h for h in self.recorder.history() if h.get("phase") == PHASE_TRAIN]
+        summary = {
+            **self.final, "rounds": len(train), "wall_seconds": round(self.recorder.wall_seconds, 1),
+            "mean_bytes_up": float(np.mean([h["bytes_up"] for h in train])) if train else 0.0,
+            "mean_bytes_down": float(np.mean([h["bytes_down"] for h in train])) if train else 0.0,
+            "rejected": len(self.rejections),
+        }
+        print(f"[fedgnn] FINAL {summary} results: {path}", flush=True)
+
+    def checkpoint_state(self, logical_round: int) -> dict:
+        """Everything a resumed run needs besides the users' own state."""
+        history = self.recorder.history() if self.recorder is not None else []
+        return {**self.server.state(), "logical_round": logical_round, "train_rounds_done": self.train_rounds_done,
+                "history": history, "rejections": [list(r) for r in self.rejections],
+                "uploads": self.uploads.tolist(), "eval_rejected": self.eval_rejections}
+
+    def restore(self, state: dict) -> int:
+        """Continue from a checkpoint's state; returns the logical round it was written after."""
+        self.server.restore(state)
+        self.train_rounds_done = int(state["train_rounds_done"])
+        self.rejections = [(int(r), str(why)) for r, why in state["rejections"]]
+        self.eval_rejections = int(state.get("eval_rejected", 0))
+        if "uploads" in state:
+            self.uploads = np.asarray(state["uploads"], np.int64)
+        done = int(state["logical_round"])
+        if self.recorder is not None:
+            self.recorder.restore_history(list(state["history"]), resumed_from=done)
+        return done
+

@@ -1,0 +1,2 @@
+"""FPPDM / FPPDM++ (Liu, Chen et al., IJCAI 2023): the domain core (Gaussian LightGCN trainer), the
+closed-form W2 barycenter in plaintext and over Paillier, and compactness co-clustering."""

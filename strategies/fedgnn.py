@@ -1,0 +1,206 @@
+"""FedGNN's server behind Flower's Strategy API: a thin adapter over `fedrec_flwr.fedgnn.rounds`.
+
+Flower rounds map onto the run's logical rounds (registration is always round 1; a resumed run
+continues at the logical round after its checkpoint). Each Flower call turns its messages into
+`NodeReply`s for the round core, which registers, samples, validates, merges, applies and records;
+this class adds only what Flower needs: FitIns/EvaluateIns, node availability, the logical-round
+offset and checkpoints every `checkpoint.every` training rounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from flwr.common import EvaluateIns, FitIns, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from fedrec_flwr.config import AppConfig, to_dict
+from fedrec_flwr.fedgnn.checkpoint import Checkpointer, config_diff
+from fedrec_flwr.fedgnn.protocol import (
+    PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, ExpansionLink, RoundConfig, array_bytes,
+)
+from fedrec_flwr.fedgnn.registry import UserRegistry
+from fedrec_flwr.fedgnn.rounds import FedGNNRounds, NodeReply
+from fedrec_flwr.fedgnn.server import FedGNNServer
+from fedrec_flwr.results import RunRecorder
+from strategies.nodes import wait_for_nodes
+
+log = logging.getLogger("fedrec_flwr.fedgnn")
+
+
+@dataclass(frozen=True)
+class _Resume:
+    """Where a resumed run continues: the logical round its checkpoint was written after."""
+
+    done: int
+
+
+class FedGNNStrategy(FedAvg):
+    """FedAvg over model gradients with item-row gradients merged by id (FedGNN's server)."""
+
+    def __init__(
+        self, cfg: AppConfig, num_items: int, bias_init: float, recorder: RunRecorder | None = None,
+        num_users: int = 0, expansion: ExpansionLink | None = None, num_item_features: int = 0, *,
+        rating_span: float, **kwargs,
+    ):
+        super().__init__(min_fit_clients=1, min_evaluate_clients=1, min_available_clients=1, accept_failures=True,
+                         **kwargs)
+        self.cfg = cfg
+        self.server = FedGNNServer(cfg, num_items, bias_init, num_item_features=num_item_features)
+        self.registry = UserRegistry(num_users)
+        self.recorder = recorder
+        self.rounds = FedGNNRounds(cfg, self.server, self.registry, rating_span, recorder)
+        self.expansion = expansion
+        if cfg.expansion.mode != "none" and expansion is None:
+            raise ValueError(f"expansion.mode = {cfg.expansion.mode!r} needs a neighbour service link")
+        self.checkpointer = Checkpointer(cfg.checkpoint.dir or Path(cfg.output_dir) / "checkpoint")
+        self.offset = 0  # logical round = Flower round + offset (after registration)
+        self.resumed_from = -1
+        self.last_checkpoint = 0
+        self.round_started = time.time()
+        self.bytes_down = 0.0  # mean per user, current round
+        if cfg.checkpoint.resume:
+            self._resume()
+
+    # -- rounds ------------------------------------------------------------------------
+    @property
+    def num_rounds(self) -> int:
+        """Flower rounds this run needs (registration, training, expansion; fewer when resumed)."""
+        return len(self.rounds.schedule) - self.offset
+
+    def logical(self, server_round: int) -> int:
+        """The round of the uninterrupted run that this Flower round is (registration is always 1)."""
+        return 1 if server_round == 1 else server_round + self.offset
+
+    def phase(self, server_round: int) -> str:
+        """The phase of a Flower round."""
+        return self.rounds.phase(self.logical(server_round))
+
+    def _resume(self) -> None:
+        state = self.checkpointer.load()
+        diff = config_diff(to_dict(self.cfg), state["config"])
+        if diff:
+            raise ValueError(f"checkpoint {self.checkpointer.folder} was written with a different config (sections {diff})")
+        done = self.rounds.restore(state)
+        self.offset = done - 1
+        self.resumed_from = self.last_checkpoint = done
+        print(f"[fedgnn] resumed from {self.checkpointer.folder} after logical round {done} "
+              f"({self.rounds.train_rounds_done} training rounds done)", flush=True)
+
+    def _maybe_checkpoint(self, server_round: int) -> None:
+        every = self.cfg.checkpoint.every
+        if not every or self.phase(server_round) != PHASE_TRAIN or self.rounds.train_rounds_done % every:
+            return
+        done = self.logical(server_round)
+        self.checkpointer.save({**self.rounds.checkpoint_state(done), "config": to_dict(self.cfg)})
+        self.last_checkpoint = done
+        log.info("round %d: checkpoint written to %s", done, self.checkpointer.folder)
+
+    def _round_config(self, server_round: int, **extra) -> dict:
+        return RoundConfig(phase=self.phase(server_round), round=self.logical(server_round),
+                           ckpt=self.last_checkpoint, resume_from=self.resumed_from, **extra).to_flower()
+
+    def _expansion(self) -> dict:
+        return {"expansion": self.expansion, "retries": self.cfg.expansion.retries}
+
+    def _registered_nodes(self, client_manager: ClientManager) -> dict[int, ClientProxy]:
+        registered = set(self.registry.nodes)
+        return {c.node_id: c for c in client_manager.all().values() if c.node_id in registered}
+
+    # -- Flower strategy API ---------------------------------------------------------------
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        """The initial model weights (the item table stays on the server and goes out row-wise)."""
+        return ndarrays_to_parameters(self.server.model_weights())
+
+    def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
+        """Register / expand: every node. Train: the nodes of the sampled users, with their rows."""
+        self.round_started = time.time()
+        self.bytes_down = 0.0
+        phase = self.phase(server_round)
+        if phase == PHASE_REGISTER:
+            wait_for_nodes(client_manager, self.cfg.federation.min_nodes, self.cfg.federation.node_wait_seconds)
+            ins = FitIns(ndarrays_to_parameters([]), self._round_config(server_round))
+            return [(c, ins) for c in client_manager.all().values()]
+        nodes = self._registered_nodes(client_manager)
+        if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
+            ins = FitIns(ndarrays_to_parameters([]), self._round_config(server_round, **self._expansion()))
+            return [(c, ins) for c in nodes.values()]
+        logical = self.logical(server_round)
+        extra = {}
+        if self.cfg.expansion.mode == "trainable" and PHASE_EXPAND_FETCH in self.rounds.schedule[: logical - 1]:
+            extra = {**self._expansion(), "refresh_neighbours": True}
+        config = self._round_config(server_round, **extra)
+        plan = self.rounds.plan_train(logical, set(nodes))
+        out, down, weights = [], 0, self.server.model_weights()
+        for nid, users in plan.items():
+            payload = self.rounds.download(users, weights)
+            down += array_bytes(payload)
+            out.append((nodes[nid], FitIns(ndarrays_to_parameters(payload), config)))
+        self.bytes_down = down / max(sum(len(u) for u in plan.values()), 1)
+        return out
+
+    def aggregate_fit(self, server_round: int, results, failures):
+        """Hand the replies to the round core; rejected updates are logged and counted, never averaged in."""
+        phase, logical = self.phase(server_round), self.logical(server_round)
+        if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
+            return self._finish_expansion(logical, phase, results, failures)
+        replies = [NodeReply(proxy.node_id, parameters_to_ndarrays(res.parameters)) for proxy, res in results]
+        reasons = [f"{f if isinstance(f, BaseException) else 'error result'}" for f in failures]
+        if phase == PHASE_REGISTER:
+            for why in reasons:
+                self.rounds.reject(logical, f"client failure: {why}")
+            self.rounds.register(logical, replies, self.round_started)
+            return ndarrays_to_parameters(self.server.model_weights()), {}
+        record = self.rounds.train(logical, replies, reasons, self.round_started, self.bytes_down)
+        self._maybe_checkpoint(server_round)
+        metrics = {k: v for k, v in record.items() if isinstance(v, (int, float))}
+        return ndarrays_to_parameters(self.server.model_weights()), metrics
+
+    def _finish_expansion(self, logical: int, phase: str, results, failures):
+        """Every user must have expanded; otherwise stop: no training on half-expanded graphs."""
+        if failures:
+            reasons = sorted({str(f) if isinstance(f, BaseException) else "client error" for f in failures})[:3]
+            raise RuntimeError(
+                f"graph expansion ({phase}) failed for {len(failures)} of {len(failures) + len(results)} nodes; "
+                f"stopping instead of training on half-expanded graphs: {'; '.join(reasons)}"
+            )
+        users = sum(int(r.metrics.get("users", r.num_examples)) for _, r in results)
+        record = {"round": logical, "phase": phase, "clients": users, "accepted": users, "rejected": 0,
+                  "bytes_down": 0.0, "bytes_up": 0.0, "round_seconds": time.time() - self.round_started}
+        if phase == PHASE_EXPAND_FETCH:
+            record["mean_neighbours"] = sum(int(r.metrics.get("neighbours", 0)) for _, r in results) / max(users, 1)
+        self.rounds.record(record)
+        return ndarrays_to_parameters(self.server.model_weights()), {}
+
+    def _is_eval_round(self, server_round: int) -> bool:
+        if self.phase(server_round) != PHASE_TRAIN:
+            # a run resumed from its last training round (killed during the final evaluation) only
+            # re-registers the users, then evaluates
+            return self.resumed_from >= 0 and server_round == self.num_rounds and self.rounds.train_rounds_done > 0
+        return self.rounds.is_eval_round(server_round == self.num_rounds)
+
+    def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
+        """On evaluation rounds the evaluating users (all, or a fixed sample) score their own test ratings."""
+        if not self._is_eval_round(server_round):
+            return []
+        nodes = self._registered_nodes(client_manager)
+        weights, config = self.server.model_weights(), self._round_config(server_round)
+        return [(nodes[nid], EvaluateIns(ndarrays_to_parameters(self.rounds.download(users, weights)), config))
+                for nid, users in self.rounds.plan_eval(set(nodes)).items()]
+
+    def aggregate_evaluate(self, server_round: int, results, failures):
+        """RMSE = sqrt(sum SSE / sum n) over the accepted replies; MAE likewise."""
+        replies = [NodeReply(proxy.node_id, metrics=dict(res.metrics)) for proxy, res in results]
+        metrics = self.rounds.evaluate(self.logical(server_round), replies, len(failures))
+        if server_round == self.num_rounds:
+            self.rounds.finish()
+        return (None, {}) if metrics is None else (metrics["rmse"], metrics)
+
+    def evaluate(self, server_round: int, parameters: Parameters):
+        """No server-side evaluation: the server holds no ratings."""
+        return None

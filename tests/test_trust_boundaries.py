@@ -1,0 +1,174 @@
+"""Hostile clients and files: what the FedGNN round core and the checkpointer refuse, and what they keep."""
+
+from __future__ import annotations
+
+import pickle
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from fedrec_flwr.fedgnn.bounds import FALSE_REJECTION, check_upload_bounds, ldp_coordinate_bound
+from fedrec_flwr.fedgnn.checkpoint import CheckpointError, Checkpointer
+from fedrec_flwr.fedgnn.registry import UserRegistry
+from fedrec_flwr.fedgnn.rounds import FedGNNRounds, NodeReply
+from fedrec_flwr.fedgnn.server import FedGNNServer, robust_location, validate_upload
+from fedrec_flwr.messages import UploadRejected
+from fedrec_flwr.privacy import privatize
+
+
+def test_honest_ldp_uploads_pass_and_out_of_range_ones_are_refused(tiny_cfg):
+    cfg = tiny_cfg()  # the paper's LDP: clip 0.1, Laplace 0.2
+    rng = np.random.default_rng(0)
+    coordinates = 2000
+    bound = ldp_coordinate_bound(cfg.privacy.clip_delta, cfg.privacy.noise_lambda, coordinates)
+    assert bound == pytest.approx(0.1 + 0.2 * np.log(coordinates / FALSE_REJECTION))
+    for _ in range(3000):  # honest: clipped gradients of any size, then Laplace noise
+        upload = privatize([rng.normal(0, 5, coordinates).astype(np.float32)], 0.1, 0.2, rng)
+        check_upload_bounds(cfg, upload)
+    poisoned = [np.full(coordinates, 50.0, np.float32), np.full(coordinates, bound * 1.01, np.float32),
+                np.r_[np.zeros(coordinates - 1), -bound * 1.5].astype(np.float32), np.full(coordinates, 1e30, np.float32)]
+    for upload in poisoned:
+        with pytest.raises(UploadRejected, match="exceeds the LDP bound"):
+            check_upload_bounds(cfg, [upload])
+
+
+def test_without_ldp_the_operator_norm_bound_applies(tiny_cfg):
+    cfg = tiny_cfg("privacy.ldp=false", "federation.upload_norm_bound=10")
+    check_upload_bounds(cfg, [np.full(16, 2.0, np.float32)])  # norm 8
+    with pytest.raises(UploadRejected, match="upload_norm_bound"):
+        check_upload_bounds(cfg, [np.full(16, 3.0, np.float32)])  # norm 12
+    check_upload_bounds(tiny_cfg("privacy.ldp=false"), [np.full(16, 1e6, np.float32)])  # 0: no bound set
+
+
+SHAPES = [(3, 2), ()]
+
+
+def _upload(scale=1.0, dtype=np.float32):
+    return [np.full((3, 2), scale, dtype), np.asarray(0.5 * scale, dtype), np.array([1, 4, 7]),
+            np.full((3, 4), scale, dtype)]
+
+
+@pytest.mark.parametrize("value,dtype", [(1e300, np.float64), (np.inf, np.float32), (np.nan, np.float64),
+                                         (1e30, np.float32)])
+def test_values_that_break_float32_arithmetic_are_refused_after_the_cast(value, dtype):
+    """1e300 is finite as float64 but inf as float32; 1e30 squares (Adam's moment) to inf in float32."""
+    with pytest.raises(UploadRejected, match="NaN/Inf or values too large"):
+        validate_upload(_upload(value, dtype), SHAPES, 4, 10, 3, None)
+    grads, _, rows = validate_upload(_upload(2.0, np.float64), SHAPES, 4, 10, 3, None)
+    assert all(g.dtype == np.float32 for g in grads) and rows.dtype == np.float32
+
+
+def test_integer_arrays_are_refused_as_gradients():
+    with pytest.raises(UploadRejected, match="expected a float dtype"):
+        validate_upload([np.ones((3, 2), np.int64), *_upload()[1:]], SHAPES, 4, 10, 3, None)
+
+
+def test_registration_refuses_ids_outside_the_dataset_and_second_claims():
+    registry = UserRegistry(num_users=10)
+    registry.check_claim(1, [0, 9])
+    registry.bind(1, [0, 9])
+    for users, why in (([10], "outside the dataset"), ([-1], "outside the dataset"), ([9], "already registered")):
+        with pytest.raises(UploadRejected, match=why):
+            registry.check_claim(2, users)
+    entitled = UserRegistry(10, entitled=lambda node: range(node * 5, node * 5 + 5))
+    entitled.check_claim(1, [5, 9])
+    with pytest.raises(UploadRejected, match="not assigned to node 1"):
+        entitled.check_claim(1, [4])
+
+
+def _rounds(cfg, num_users=4, num_items=20, set_size=20):
+    server = FedGNNServer(cfg, num_items, 3.0)
+    rounds = FedGNNRounds(cfg, server, UserRegistry(num_users), rating_span=4.0)
+    for u in range(num_users):
+        server.register(u, np.arange(set_size))
+        rounds.registry.bind(100 + u, [u])
+    rounds.plan_eval({100 + u for u in range(num_users)})
+    return rounds
+
+
+@pytest.mark.parametrize("metrics,why", [
+    ({"sse": float("nan"), "sae": 1.0, "n": 2}, "finite"),
+    ({"sse": -1.0, "sae": 1.0, "n": 2}, "finite and >= 0"),
+    ({"sse": 1.0, "sae": 1.0, "n": 21}, "exceeds the 20 items"),
+    ({"sse": 1.0, "sae": 1.0, "n": -3}, "non-negative integer"),
+    ({"sse": 1.0, "sae": 1.0, "n": 2.5}, "non-negative integer"),
+    ({"sse": 33.0, "sae": 1.0, "n": 2}, "exceed what 2 ratings"),  # 2 ratings can err by at most 2 * 4^2
+    ({"sse": "lots", "sae": 1.0, "n": 2}, "numeric sse"),
+    ({"sae": 1.0, "n": 2}, "numeric sse"),
+])
+def test_dishonest_evaluation_replies_are_refused_and_counted(tiny_cfg, metrics, why):
+    rounds = _rounds(tiny_cfg())
+    honest = [NodeReply(100 + u, metrics={"sse": 2.0, "sae": 2.0, "n": 2}) for u in range(3)]
+    out = rounds.evaluate(5, [*honest, NodeReply(103, metrics=metrics)], failures=0)
+    assert out["rmse"] == pytest.approx(1.0) and out["eval_ratings"] == 6  # the honest nodes alone
+    assert rounds.eval_rejections == 1 and why in rounds.rejections[-1][1]
+
+
+def test_evaluation_from_a_node_not_asked_is_refused(tiny_cfg):
+    rounds = _rounds(tiny_cfg())
+    out = rounds.evaluate(5, [NodeReply(100, metrics={"sse": 2.0, "sae": 2.0, "n": 2}),
+                              NodeReply(999, metrics={"sse": 0.0, "sae": 0.0, "n": 1000})], failures=0)
+    assert out["eval_ratings"] == 2 and "not asked to evaluate" in rounds.rejections[-1][1]
+
+
+def test_robust_location_resists_a_poisoned_minority():
+    honest = np.random.default_rng(1).normal(0, 0.1, size=(9, 5))
+    stack = np.concatenate([honest, np.full((1, 5), 1e6)])
+    assert np.abs(robust_location(stack, "median", 0.1)).max() < 0.3
+    assert np.abs(robust_location(stack, "trimmed", 0.1)).max() < 0.3
+    assert robust_location(stack, "mean", 0.1).min() > 1e4
+    np.testing.assert_allclose(robust_location(honest, "trimmed", 0.0), honest.mean(0))
+    with_missing = np.array([[1.0, np.nan], [3.0, 2.0], [100.0, np.nan]])
+    np.testing.assert_allclose(robust_location(with_missing, "median", 0.0), [3.0, 2.0])
+
+
+def test_a_robust_merge_round_ignores_one_scaled_upload(tiny_cfg):
+    """One user sends a huge (unbounded: LDP off) gradient; the median merge moves the model as the honest ones do."""
+    cfg = tiny_cfg("privacy.ldp=false", "federation.robust_merge=median", "federation.min_clients=1")
+    rounds = _rounds(cfg)
+    shapes = rounds.server.model_shapes
+    rng = np.random.default_rng(0)
+    before = rounds.server.model_weights()
+
+    def part(u, scale):
+        return [*(rng.normal(0, 0.01, s).astype(np.float32) * scale for s in shapes), np.arange(20),
+                (rng.normal(0, 0.01, (20, cfg.model.dim)) * scale).astype(np.float32)]
+
+    replies = [NodeReply(100 + u, [np.array([u]), *part(u, 1e4 if u == 3 else 1.0)]) for u in range(4)]
+    rounds.train(2, replies, [], time.time(), 0.0)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(before, rounds.server.model_weights()))
+    assert 0 < moved < 0.05  # SGD lr 0.01 on a median gradient of size ~0.01
+
+
+def test_checkpoints_load_without_running_code(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+
+    class Exploit:
+        def __reduce__(self):
+            return (exec, ("open(%r, 'w').write('pwned')" % str(tmp_path / "pwned"),))
+
+    (folder / "server.pt").write_bytes(pickle.dumps({"model": Exploit()}))
+    with pytest.raises(CheckpointError, match="server.pt: not a readable FedGNN checkpoint"):
+        Checkpointer(folder).load()
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "foreign"])
+def test_damaged_or_foreign_checkpoints_name_the_file(tmp_path, damage):
+    ckpt = Checkpointer(tmp_path)
+    full = {"model": {"w": torch.ones(3)}, "items": torch.ones(2, 2), "model_opt": {}, "item_opt": {},
+            "torch_rng": torch.get_rng_state(), "logical_round": 3, "train_rounds_done": 2, "history": [],
+            "rejections": [], "config": {}}
+    ckpt.save(full)
+    assert ckpt.load()["logical_round"] == 3
+    if damage == "empty":
+        ckpt.path.write_bytes(b"")
+    elif damage == "truncated":
+        ckpt.path.write_bytes(ckpt.path.read_bytes()[:100])
+    else:
+        ckpt.save({"weights": torch.ones(2)})
+    with pytest.raises(CheckpointError, match=str(ckpt.path)):
+        ckpt.load()
