@@ -20,7 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fedrec_flwr.config import ConfigError, load_config, parse_overrides
-from fedrec_flwr.data import DataError, UserPartitions, load_multidomain, prepare_partitions
+from fedrec_flwr.algorithms import get_algorithm
+from fedrec_flwr.data import DataError
 from fedrec_flwr.results import load_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,11 +91,7 @@ def stream_flwr_run(cmd: list[str], env: dict[str, str]) -> int:
 def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> dict:
     """Run the app through `flwr run` with one virtual SuperNode per user; returns results.json."""
     cfg = load_config(args.preset, args.dataset, [f"data.data_dir={args.data_dir}", f"data.cache_dir={args.cache_dir}", *overrides])
-    if cfg.algorithm == "fppdm":  # one SuperNode per domain
-        num_nodes = len(load_multidomain(cfg.data).domains)
-    else:  # one SuperNode per `users_per_node` users; partitions built once here, read by every client
-        num_users = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
-        num_nodes = -(-num_users // cfg.simulation.users_per_node)
+    num_nodes = get_algorithm(cfg.algorithm).part("nodes")(cfg)  # data prepared once here, read by every client
     run_config = " ".join([
         f"preset='{args.preset}'", f"dataset='{args.dataset or ''}'", f"seed={args.seed}",
         f"data-dir='{Path(args.data_dir).resolve()}'", f"cache-dir='{Path(args.cache_dir).resolve()}'",
@@ -109,9 +106,11 @@ def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> 
     print("+", " ".join(cmd), flush=True)
     returncode = stream_flwr_run(cmd, env)
     results = out / "results.json"
-    if returncode != 0 or not results.is_file() or load_results(out).get("status") != "finished":
-        raise SystemExit(f"federated run failed (exit {returncode}); see the log above and {results}")
-    return load_results(out)
+    doc = load_results(out) if results.is_file() else {}
+    if returncode != 0 or doc.get("status") != "finished":
+        why = doc.get("error") or (f"{results} says status {doc['status']!r}" if doc else f"no {results} was written")
+        raise SystemExit(f"federated run failed (flwr exit {returncode}): {why}")
+    return doc
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from clients.fedgnn import FedGNNClient
 from clients.trivial import TrivialClient
 from clients.fppdm import FPPDMDomainClient
 from clients.user_store import DomainStateStore, NodeStateStore, UserStateFiles
+from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.config import AppConfig, from_run_config
 from fedrec_flwr.data import MultiDomainDataset, UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.node_data import load_domain_file, load_user_file
@@ -81,35 +82,44 @@ def state_files(cfg: AppConfig, node_config) -> UserStateFiles | None:
 
 
 def client_fn(context: Context):
-    """Build the client of the users (or domain) this node serves."""
+    """Build the client of the users (or domain) this node serves, for the configured algorithm."""
     torch.set_num_threads(1)
-    key = tuple(sorted(context.run_config.items()))
-    cfg = _config(key)
-    if cfg.algorithm == "trivial":
-        return TrivialClient().to_client()
-    device = client_device(cfg)
+    cfg = _config(_key(context))
+    return get_algorithm(cfg.algorithm).part("client")(cfg, context, client_device(cfg))
+
+
+def _key(context: Context) -> tuple:
+    return tuple(sorted(context.run_config.items()))
+
+
+def trivial_client(cfg: AppConfig, context: Context, device: torch.device):
+    """The overhead baseline's echo client."""
+    return TrivialClient().to_client()
+
+
+def fppdm_client(cfg: AppConfig, context: Context, device: torch.device):
+    """One domain: its own `domain-<k>.npz` in deployment, else domain `partition-id` of the dataset."""
     if context.node_config.get("data-path"):  # deployment: this node's own file, nothing else
-        return _deployed_client(cfg, context, device)
-    if cfg.algorithm == "fppdm":
+        index, domain = load_domain_file(str(context.node_config["data-path"]))
+    else:
         index = user_of(context.node_config)
-        domains = _multidomain(key).domains
+        domains = _multidomain(_key(context)).domains
         if index >= len(domains):
             raise ValueError(f"node {index} has no domain: dataset {cfg.data.name} has {len(domains)} (one SuperNode per domain)")
-        return FPPDMDomainClient(cfg, domains[index], index, DomainStateStore(context.state), device).to_client()
-    parts = _partitions(key)
-    users = users_of(context.node_config, cfg.simulation.users_per_node, parts.meta.num_users)
-    store = NodeStateStore(context.state, state_files(cfg, context.node_config))
-    return with_faults(FedGNNClient(cfg, parts.meta, users, parts.user, store, device), cfg.faults, cfg.seed).to_client()
+        domain = domains[index]
+    return FPPDMDomainClient(cfg, domain, index, DomainStateStore(context.state), device).to_client()
 
 
-def _deployed_client(cfg: AppConfig, context: Context, device: torch.device):
-    path = str(context.node_config["data-path"])
-    if cfg.algorithm == "fppdm":
-        index, domain = load_domain_file(path)
-        return FPPDMDomainClient(cfg, domain, index, DomainStateStore(context.state), device).to_client()
-    meta, data = load_user_file(path)
+def fedgnn_client(cfg: AppConfig, context: Context, device: torch.device):
+    """The users this node hosts: its one user's file in deployment, else partition p's users."""
     store = NodeStateStore(context.state, state_files(cfg, context.node_config))
-    client = FedGNNClient(cfg, meta, [data.user], lambda u: data, store, device)
+    if context.node_config.get("data-path"):  # deployment: this node's own file, nothing else
+        meta, data = load_user_file(str(context.node_config["data-path"]))
+        client = FedGNNClient(cfg, meta, [data.user], lambda u: data, store, device)
+    else:
+        parts = _partitions(_key(context))
+        users = users_of(context.node_config, cfg.simulation.users_per_node, parts.meta.num_users)
+        client = FedGNNClient(cfg, parts.meta, users, parts.user, store, device)
     return with_faults(client, cfg.faults, cfg.seed).to_client()
 
 

@@ -16,6 +16,8 @@ from typing import Any, Mapping, get_args, get_origin, get_type_hints
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from fedrec_flwr.algorithms import ALGORITHMS
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
@@ -227,7 +229,7 @@ class AppConfig:
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "algorithm": ("fedgnn", "trivial", "fppdm"),
+    "algorithm": tuple(ALGORITHMS),
     "model.gnn": ("gat", "gcn", "ggnn"),
     "federation.item_merge": ("clients", "count"),
     "federation.loss": ("mean", "sum"),

@@ -39,29 +39,39 @@ def _npz(arrays: dict) -> bytes:
 
 
 def export_nodes(cfg: AppConfig, out: Path, users: list[int] | None = None) -> Path:
-    """Write one file per user (FedGNN) or per domain (FPPDM) and the catalogue; returns the catalogue path."""
+    """Write the per-node files of cfg's algorithm and the catalogue; returns the catalogue path."""
+    from fedrec_flwr.algorithms import get_algorithm
+
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.algorithm == "fppdm":
-        ds = load_multidomain(cfg.data)
-        for k, d in enumerate(ds.domains):
-            atomic_write(out / f"domain-{k}.npz", _npz({
-                "index": np.int64(k), "name": np.array(d.name), "num_items": np.int64(d.num_items),
-                "train_users": d.train_users, "train_items": d.train_items,
-                "test_users": d.test_users, "test_items": d.test_items,
-            }))
-        cat = {"algorithm": "fppdm", "dataset": ds.name, "num_users": ds.num_users, "domains": [d.name for d in ds.domains]}
-    else:
-        parts = UserPartitions(prepare_partitions(cfg.data))
-        meta = parts.meta
-        for u in users if users is not None else range(meta.num_users):
-            d = parts.user(u)
-            public = {} if d.item_features is None else {"item_features": d.item_features}  # the catalogue's, not the user's
-            atomic_write(out / f"user-{u}.npz", _npz({
-                "user": np.int64(u), "train_items": d.train_items, "train_values": d.train_values,
-                "test_items": d.test_items, "test_values": d.test_values,
-                "meta": np.array(json.dumps(asdict(meta))), **public,
-            }))
-        cat = {"algorithm": "fedgnn", **asdict(meta)}
+    return get_algorithm(cfg.algorithm).part("node_data")(cfg, out, users)
+
+
+def export_domains(cfg: AppConfig, out: Path, users: list[int] | None = None) -> Path:
+    """FPPDM: one `domain-<k>.npz` per domain and the catalogue (`users` does not apply)."""
+    ds = load_multidomain(cfg.data)
+    for k, d in enumerate(ds.domains):
+        atomic_write(out / f"domain-{k}.npz", _npz({
+            "index": np.int64(k), "name": np.array(d.name), "num_items": np.int64(d.num_items),
+            "train_users": d.train_users, "train_items": d.train_items,
+            "test_users": d.test_users, "test_items": d.test_items,
+        }))
+    cat = {"algorithm": "fppdm", "dataset": ds.name, "num_users": ds.num_users, "domains": [d.name for d in ds.domains]}
+    return atomic_write(out / CATALOGUE, json.dumps(cat, indent=1))
+
+
+def export_users(cfg: AppConfig, out: Path, users: list[int] | None = None) -> Path:
+    """FedGNN: one `user-<u>.npz` per user (all, or `users`) and the catalogue."""
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    for u in users if users is not None else range(meta.num_users):
+        d = parts.user(u)
+        public = {} if d.item_features is None else {"item_features": d.item_features}  # the catalogue's, not the user's
+        atomic_write(out / f"user-{u}.npz", _npz({
+            "user": np.int64(u), "train_items": d.train_items, "train_values": d.train_values,
+            "test_items": d.test_items, "test_values": d.test_values,
+            "meta": np.array(json.dumps(asdict(meta))), **public,
+        }))
+    cat = {"algorithm": "fedgnn", **asdict(meta)}
     return atomic_write(out / CATALOGUE, json.dumps(cat, indent=1))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from pathlib import Path
@@ -106,3 +107,17 @@ def load_results(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         p = p / "results.json"
     return json.loads(p.read_text())
+
+
+def records_failure(method):
+    """Decorate a strategy method so that an exception marks the run's results.json failed (with the
+    reason) before it propagates: a run that dies mid-way never looks finished or still running."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            if getattr(self, "recorder", None) is not None:
+                self.recorder.fail(f"{type(exc).__name__}: {exc}")
+            raise
+    return wrapper

@@ -8,6 +8,7 @@ import secrets
 from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
+from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.baselines import baseline_rmses
 from fedrec_flwr.config import from_run_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
@@ -25,12 +26,23 @@ log = logging.getLogger(__name__)
 
 
 def server_fn(context: Context) -> ServerAppComponents:
-    """Prepare the data partitions once, then wire the FedGNN strategy for `rounds` + 1 rounds."""
+    """Validate the run config, then build the strategy of the configured algorithm (fedrec_flwr.algorithms)."""
     cfg = from_run_config(context.run_config)
-    if cfg.algorithm == "trivial":
-        return _trivial_components(cfg)
-    if cfg.algorithm == "fppdm":
-        return _fppdm_components(cfg)
+    try:
+        return get_algorithm(cfg.algorithm).part("server")(cfg)
+    except Exception as exc:
+        _record_failure(cfg, exc)
+        raise
+
+
+def _record_failure(cfg, exc: BaseException) -> None:
+    """Leave a results.json that says the run failed and why, so nothing reads an older run's results."""
+    RunRecorder(cfg.output_dir, cfg.algorithm, cfg.data.name, to_dict(cfg)).fail(f"{type(exc).__name__}: {exc}")
+
+
+def fedgnn_components(cfg) -> ServerAppComponents:
+    """FedGNN: partitions prepared once (simulation) or the public catalogue (deployment), then the
+    strategy for registration + `rounds` training rounds (+ expansion)."""
     baselines = None
     if cfg.data.catalogue:  # deployment: public dataset facts only, the ratings stay on the devices
         meta = load_catalogue(cfg.data.catalogue)["meta"]
@@ -61,7 +73,7 @@ def _expansion_link(cfg, num_items: int) -> ExpansionLink:
     return ExpansionLink(new_run_key(), address, run_id)
 
 
-def _fppdm_components(cfg) -> ServerAppComponents:
+def fppdm_components(cfg) -> ServerAppComponents:
     """FPPDM: one SuperNode per domain, Wasserstein barycenter of the shared users."""
     if cfg.data.catalogue:  # deployment: the server never loads a domain's interactions
         cat = load_catalogue(cfg.data.catalogue)
@@ -76,7 +88,7 @@ def _fppdm_components(cfg) -> ServerAppComponents:
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.federation.rounds))
 
 
-def _trivial_components(cfg) -> ServerAppComponents:
+def trivial_components(cfg) -> ServerAppComponents:
     """The baseline job: FedAvg over an echoed vector, for Flower's own per-round overhead."""
     recorder = RunRecorder(cfg.output_dir, "trivial", cfg.data.name, to_dict(cfg))
     strategy = TimedFedAvg(recorder, cfg.federation.clients_per_round, cfg.federation.rounds,

@@ -27,7 +27,7 @@ from fedrec_flwr.fedgnn.protocol import (
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds, NodeReply
 from fedrec_flwr.fedgnn.server import FedGNNServer
-from fedrec_flwr.results import RunRecorder
+from fedrec_flwr.results import RunRecorder, records_failure
 from strategies.nodes import wait_for_nodes
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
@@ -117,6 +117,7 @@ class FedGNNStrategy(FedAvg):
         """The initial model weights (the item table stays on the server and goes out row-wise)."""
         return ndarrays_to_parameters(self.server.model_weights())
 
+    @records_failure
     def configure_fit(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
         """Register / expand: every node. Train: the nodes of the sampled users, with their rows."""
         self.round_started = time.time()
@@ -144,6 +145,7 @@ class FedGNNStrategy(FedAvg):
         self.bytes_down = down / max(sum(len(u) for u in plan.values()), 1)
         return out
 
+    @records_failure
     def aggregate_fit(self, server_round: int, results, failures):
         """Hand the replies to the round core; rejected updates are logged and counted, never averaged in."""
         phase, logical = self.phase(server_round), self.logical(server_round)
@@ -184,6 +186,7 @@ class FedGNNStrategy(FedAvg):
             return self.resumed_from >= 0 and server_round == self.num_rounds and self.rounds.train_rounds_done > 0
         return self.rounds.is_eval_round(server_round == self.num_rounds)
 
+    @records_failure
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
         """On evaluation rounds the evaluating users (all, or a fixed sample) score their own test ratings."""
         if not self._is_eval_round(server_round):
@@ -193,6 +196,7 @@ class FedGNNStrategy(FedAvg):
         return [(nodes[nid], EvaluateIns(ndarrays_to_parameters(self.rounds.download(users, weights)), config))
                 for nid, users in self.rounds.plan_eval(set(nodes)).items()]
 
+    @records_failure
     def aggregate_evaluate(self, server_round: int, results, failures):
         """RMSE = sqrt(sum SSE / sum n) over the accepted replies; MAE likewise."""
         replies = [NodeReply(proxy.node_id, metrics=dict(res.metrics)) for proxy, res in results]

@@ -1,0 +1,65 @@
+"""The algorithm registry: one entry per algorithm name, naming its server factory, client factory,
+deployment exporter and simulated node count.
+
+Factories are named as "module:function" and imported on first use, so this registry imports
+neither the Flower entry points nor `clients/` and `strategies/` (the arrows point one way), and a
+new algorithm is one entry here plus its functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """Where an algorithm's parts live."""
+
+    name: str
+    server: str  # (cfg) -> flwr ServerAppComponents
+    client: str  # (cfg, context, device) -> flwr Client
+    nodes: str  # (cfg) -> how many SuperNodes a simulation needs
+    node_data: str | None = None  # (cfg, out, users) -> catalogue path: per-node files for deployment
+
+    def part(self, which: str) -> Callable[..., Any]:
+        """The function named by field `which` ("server", "client", "nodes" or "node_data")."""
+        ref = getattr(self, which)
+        if ref is None:
+            raise ValueError(f"algorithm '{self.name}' has no {which}")
+        module, _, function = ref.partition(":")
+        return getattr(importlib.import_module(module), function)
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "fedgnn": Algorithm("fedgnn", "fedrec_flwr.server_app:fedgnn_components", "fedrec_flwr.client_app:fedgnn_client",
+                        "fedrec_flwr.algorithms:user_nodes", "fedrec_flwr.node_data:export_users"),
+    "fppdm": Algorithm("fppdm", "fedrec_flwr.server_app:fppdm_components", "fedrec_flwr.client_app:fppdm_client",
+                       "fedrec_flwr.algorithms:domain_nodes", "fedrec_flwr.node_data:export_domains"),
+    "trivial": Algorithm("trivial", "fedrec_flwr.server_app:trivial_components", "fedrec_flwr.client_app:trivial_client",
+                         "fedrec_flwr.algorithms:user_nodes"),
+}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The registry entry of `name`; ValueError listing the known names otherwise."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(f"unknown algorithm '{name}'; expected one of {sorted(ALGORITHMS)}") from None
+
+
+def user_nodes(cfg) -> int:
+    """SuperNodes of a per-user simulation: one per `simulation.users_per_node` users."""
+    from fedrec_flwr.data import UserPartitions, prepare_partitions
+
+    num_users = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
+    return -(-num_users // cfg.simulation.users_per_node)
+
+
+def domain_nodes(cfg) -> int:
+    """SuperNodes of a per-domain simulation: one per domain."""
+    from fedrec_flwr.data import load_multidomain
+
+    return len(load_multidomain(cfg.data).domains)
