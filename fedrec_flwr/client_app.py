@@ -17,6 +17,7 @@ from clients.fppdm import FPPDMDomainClient
 from clients.user_store import DomainStateStore, NodeStateStore, UserStateFiles
 from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.config import AppConfig, from_run_config
+from fedrec_flwr.logs import configure_console_logging
 from fedrec_flwr.data import MultiDomainDataset, UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.node_data import load_domain_file, load_user_file
 
@@ -84,6 +85,7 @@ def state_files(cfg: AppConfig, node_config) -> UserStateFiles | None:
 def client_fn(context: Context):
     """Build the client of the users (or domain) this node serves, for the configured algorithm."""
     torch.set_num_threads(1)
+    configure_console_logging(logging.WARNING)
     cfg = _config(_key(context))
     return get_algorithm(cfg.algorithm).part("client")(cfg, context, client_device(cfg))
 

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
+
+
+class ErrorSums(NamedTuple):
+    """Sums a client reports for its test ratings: squared errors, absolute errors, and how many ratings."""
+
+    sse: float
+    sae: float
+    n: int
 
 
 def clip_to_scale(pred: np.ndarray, low: float, high: float) -> np.ndarray:
@@ -10,10 +20,10 @@ def clip_to_scale(pred: np.ndarray, low: float, high: float) -> np.ndarray:
     return np.clip(pred, low, high)
 
 
-def squared_error_sum(pred: np.ndarray, target: np.ndarray, low: float, high: float) -> tuple[float, float, int]:
-    """(sum of squared errors, sum of absolute errors, n) after clipping; what a client reports."""
+def squared_error_sum(pred: np.ndarray, target: np.ndarray, low: float, high: float) -> ErrorSums:
+    """Squared and absolute error sums and n after clipping; what a client reports."""
     err = clip_to_scale(np.asarray(pred, np.float64), low, high) - np.asarray(target, np.float64)
-    return float(np.square(err).sum()), float(np.abs(err).sum()), int(err.size)
+    return ErrorSums(float(np.square(err).sum()), float(np.abs(err).sum()), int(err.size))
 
 
 def rmse(pred: np.ndarray, target: np.ndarray, low: float, high: float) -> float:

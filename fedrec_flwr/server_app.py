@@ -11,6 +11,7 @@ from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.baselines import baseline_rmses
 from fedrec_flwr.config import from_run_config, to_dict
+from fedrec_flwr.logs import configure_console_logging
 from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.node_data import load_catalogue
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key
@@ -22,11 +23,12 @@ from fedrec_flwr.fedgnn.protocol import ExpansionLink
 from strategies.fedgnn import FedGNNStrategy
 from strategies.trivial import TimedFedAvg
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("fedrec_flwr.server")
 
 
 def server_fn(context: Context) -> ServerAppComponents:
     """Validate the run config, then build the strategy of the configured algorithm (fedrec_flwr.algorithms)."""
+    configure_console_logging()
     cfg = from_run_config(context.run_config)
     try:
         return get_algorithm(cfg.algorithm).part("server")(cfg)
@@ -49,8 +51,8 @@ def fedgnn_components(cfg) -> ServerAppComponents:
     else:  # simulation: the data is here anyway, so record what a model must beat
         parts = UserPartitions(prepare_partitions(cfg.data))
         meta, baselines = parts.meta, baseline_rmses(parts.ratings())
-    print(f"[fedgnn] dataset {meta.dataset}: {meta.num_users} users, {meta.num_items} items, "
-          f"{meta.num_train} train / {meta.num_test} test ratings; output {cfg.output_dir}", flush=True)
+    log.info("dataset %s: %d users, %d items, %d train / %d test ratings; output %s", meta.dataset, meta.num_users,
+             meta.num_items, meta.num_train, meta.num_test, cfg.output_dir)
     recorder = RunRecorder(cfg.output_dir, cfg.algorithm, meta.dataset, to_dict(cfg))
     if baselines is not None:
         recorder.set_baselines(baselines)
@@ -66,7 +68,7 @@ def _expansion_link(cfg, num_items: int) -> ExpansionLink:
     address = cfg.expansion.service_address
     if not address:
         address, _ = start_local_service()
-        print(f"[fedgnn] neighbour service started on {address}", flush=True)
+        log.info("neighbour service started on %s", address)
     run_id = secrets.token_hex(8)
     NeighbourClient(address, retries=cfg.expansion.retries).open_run(
         run_id, cfg.model.dim, max_tokens=num_items, max_neighbours=cfg.expansion.max_neighbours)
@@ -81,8 +83,8 @@ def fppdm_components(cfg) -> ServerAppComponents:
     else:
         ds = load_multidomain(cfg.data)
         name, num_users, domains = ds.name, ds.num_users, [d.name for d in ds.domains]
-    print(f"[fppdm] dataset {name}: {len(domains)} domains ({', '.join(domains)}), "
-          f"{num_users} user ids; output {cfg.output_dir}", flush=True)
+    log.info("FPPDM dataset %s: %d domains (%s), %d user ids; output %s", name, len(domains), ", ".join(domains),
+             num_users, cfg.output_dir)
     recorder = RunRecorder(cfg.output_dir, cfg.algorithm, name, to_dict(cfg))
     strategy = WassersteinBarycenterStrategy(cfg, num_users, len(domains), recorder)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.federation.rounds))

@@ -89,8 +89,8 @@ class FedGNNStrategy(FedAvg):
         done = self.rounds.restore(state)
         self.offset = done - 1
         self.resumed_from = self.last_checkpoint = done
-        print(f"[fedgnn] resumed from {self.checkpointer.folder} after logical round {done} "
-              f"({self.rounds.train_rounds_done} training rounds done)", flush=True)
+        log.info("resumed from %s after logical round %d (%d training rounds done)", self.checkpointer.folder, done,
+                 self.rounds.train_rounds_done)
 
     def _maybe_checkpoint(self, server_round: int) -> None:
         every = self.cfg.checkpoint.every

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -10,10 +11,18 @@ from .readers import read_delimited, read_mat_v73
 from .types import DataError, Domain, MultiDomainDataset, RatingDataset, Ratings, RatingScale
 
 
-def _compact(train_raw: np.ndarray, test_raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+class Compacted(NamedTuple):
+    """Raw ids mapped to 0..n-1: the train and test ids, and the raw id of each compact id."""
+
+    train: np.ndarray
+    test: np.ndarray
+    raw: np.ndarray
+
+
+def _compact(train_raw: np.ndarray, test_raw: np.ndarray) -> Compacted:
     """Map raw ids (any integers) to 0..n-1 over the union of train and test; also the raw id of each."""
     uniq, inv = np.unique(np.concatenate([train_raw, test_raw]), return_inverse=True)
-    return inv[: train_raw.size].astype(np.int64), inv[train_raw.size :].astype(np.int64), uniq
+    return Compacted(inv[: train_raw.size].astype(np.int64), inv[train_raw.size :].astype(np.int64), uniq)
 
 
 def _check_scale(path: Path, values: np.ndarray, scale: RatingScale) -> None:

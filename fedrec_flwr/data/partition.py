@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -51,12 +52,20 @@ class PartitionMeta:
     num_item_features: int = 0  # F of the public item features the model takes (0: none)
 
 
-def _csr(num_users: int, part: Ratings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+class CSR(NamedTuple):
+    """Per-user compressed rows: user u's entries are items[offsets[u]:offsets[u + 1]]."""
+
+    offsets: np.ndarray
+    items: np.ndarray
+    values: np.ndarray
+
+
+def _csr(num_users: int, part: Ratings) -> CSR:
     order = np.lexsort((part.items, part.users))
     counts = np.bincount(part.users, minlength=num_users)
     offsets = np.zeros(num_users + 1, np.int64)
     np.cumsum(counts, out=offsets[1:])
-    return offsets, part.items[order].astype(np.int32), part.values[order].astype(np.float32)
+    return CSR(offsets, part.items[order].astype(np.int32), part.values[order].astype(np.float32))
 
 
 def fingerprint(parts: dict) -> str:

@@ -31,6 +31,7 @@ from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN, array_bytes
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.server import FedGNNServer, TrainUpdate, check_anonymity_set, eval_users, round_schedule, sample_users
 from fedrec_flwr.messages import UploadRejected
+from fedrec_flwr.metrics import ErrorSums
 from fedrec_flwr.results import RunRecorder, report_round
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
@@ -176,8 +177,8 @@ class FedGNNRounds:
         self._eval_plan = self.registry.by_node(users)
         return self._eval_plan
 
-    def check_eval_reply(self, reply: NodeReply) -> tuple[float, float, int]:
-        """(SSE, SAE, n) of one node's evaluation reply, or UploadRejected if no honest node could send it."""
+    def check_eval_reply(self, reply: NodeReply) -> ErrorSums:
+        """The error sums of one node's evaluation reply, or UploadRejected if no honest node could send it."""
         users = self._eval_plan.get(reply.node_id)
         if users is None:
             raise UploadRejected("evaluation reply from a node that was not asked to evaluate")
@@ -198,7 +199,7 @@ class FedGNNRounds:
         if sse > n * span * span * (1 + 1e-9) or sae > n * span * (1 + 1e-9):
             raise UploadRejected(f"evaluation sse = {sse:.4g} / sae = {sae:.4g} exceed what {n} ratings on a scale "
                                  f"of range {span:g} can give")
-        return sse, sae, n
+        return ErrorSums(sse, sae, n)
 
     def evaluate(self, logical_round: int, replies: list[NodeReply], failures: int) -> dict | None:
         """RMSE and MAE over the accepted evaluation replies (None when no test rating was reported)."""

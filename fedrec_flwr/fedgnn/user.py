@@ -18,7 +18,7 @@ import torch
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
-from fedrec_flwr.metrics import squared_error_sum
+from fedrec_flwr.metrics import ErrorSums, squared_error_sum
 from fedrec_flwr.models import RatingGNN, build_model, build_star_batch
 from fedrec_flwr.privacy import num_pseudo, privatize, pseudo_gradient_rows, sample_pseudo_items
 from fedrec_flwr.fedgnn.protocol import ExpansionLink, RoundConfig
@@ -183,10 +183,10 @@ def build_upload(
 def evaluate_user(
     model: RatingGNN, state: UserState, data: UserData, item_rows: np.ndarray, low: float, high: float,
     device: torch.device | None = None,
-) -> tuple[float, float, int]:
+) -> ErrorSums:
     """(SSE, SAE, n) of the user's clipped predictions on its own test ratings."""
     if data.test_items.size == 0 or data.train_items.size == 0:
-        return 0.0, 0.0, 0
+        return ErrorSums(0.0, 0.0, 0)
     device = device or torch.device("cpu")
     model = model.to(device).eval()
     train_x = torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, data.train_items)]).to(device)
@@ -257,7 +257,7 @@ class FedGNNUser:
         self.store.save(self.user, self.state, server_round)
         return build_upload(self.cfg, self.state, self.data, grads, real_rows, rng)
 
-    def evaluate(self, weights: list[np.ndarray], rows: np.ndarray) -> tuple[float, float, int]:
+    def evaluate(self, weights: list[np.ndarray], rows: np.ndarray) -> ErrorSums:
         """(SSE, SAE, n) on the user's own test ratings."""
         set_weights(self.model, weights)
         return evaluate_user(self.model, self.state, self.data, self.item_rows(rows), self.meta.scale.low,

@@ -9,6 +9,8 @@ real item-gradient rows, so their values match the real ones in first and second
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 
@@ -27,8 +29,16 @@ def sample_pseudo_items(rng: np.random.Generator, num_items: int, exclude: np.nd
     return np.sort(rng.choice(pool, size=count, replace=False)).astype(np.int64)
 
 
-def ledoit_wolf_shrinkage(x: np.ndarray) -> tuple[np.ndarray, float, float]:
-    """(mean, shrinkage alpha, target variance mu) of the Ledoit-Wolf estimate (1-a) S + a mu I.
+class Shrinkage(NamedTuple):
+    """A Ledoit-Wolf estimate (1 - alpha) S + alpha mu I, with the rows' mean."""
+
+    mean: np.ndarray
+    alpha: float
+    mu: float
+
+
+def ledoit_wolf_shrinkage(x: np.ndarray) -> Shrinkage:
+    """The mean, shrinkage alpha and target variance mu of the Ledoit-Wolf estimate (1-a) S + a mu I.
 
     With K rows in d dimensions and K < d the sample covariance S is singular; the
     Ledoit-Wolf intensity is the data-driven amount of isotropic shrinkage. Every term is
@@ -38,7 +48,7 @@ def ledoit_wolf_shrinkage(x: np.ndarray) -> tuple[np.ndarray, float, float]:
     mean = x.mean(0)
     if n < 2:
         var = float(np.mean(np.square(x))) if x.size else 0.0
-        return mean, 1.0, var
+        return Shrinkage(mean, 1.0, var)
     xc = x - mean
     gram = xc @ xc.T  # K x K; S = xc^T xc / n shares its non-zero spectrum (scaled by 1/n)
     trace_s = float(np.trace(gram)) / n
@@ -49,7 +59,7 @@ def ledoit_wolf_shrinkage(x: np.ndarray) -> tuple[np.ndarray, float, float]:
     # (1/n^2) sum_k ||x_k x_k^T - S||_F^2 = (1/n^2) [sum ||x_k||^4 - 2/n sum_k ||xc x_k||^2 + n ||S||_F^2]
     b2_bar = float(np.sum(sq_norms**2) - 2.0 * np.sum(np.square(gram)) / n + n * fro2_s) / n**2
     alpha = 1.0 if d2 <= 0 else min(max(b2_bar, 0.0), d2) / d2
-    return mean, alpha, mu
+    return Shrinkage(mean, alpha, mu)
 
 
 def pseudo_gradient_rows(rng: np.random.Generator, real_rows: np.ndarray, count: int) -> np.ndarray:
