@@ -5,7 +5,8 @@
 FedGNN: `benchmarks.direct.run_direct` (FedGNNUser + FedGNNServer, paper preset, privacy on)
 on synthetic data shaped like ML-10M (10,677 items, ~144 ratings per user), 128 users per
 round; clients/s = users trained per second of round time (median over rounds after the
-first). FPPDM: seconds per local epoch of one DomainTrainer on a synthetic domain.
+first). FPPDM: seconds per local epoch of one DomainTrainer on a synthetic domain (and the last
+epoch's loss, which must not depend on the device beyond float rounding).
 Needs only torch, torch-geometric and the project's own pure-Python dependencies, so it runs
 on a GPU machine without flwr or ray. A device that is not present is reported as skipped.
 Writes benchmarks/results/gpu_clients.json.
@@ -52,14 +53,35 @@ def fppdm_epoch_seconds(device: torch.device, users: int, items: int, epochs: in
     cfg = load_config("fppdm", "synthetic-md3", ["fppdm.local_epochs=1"])
     trainer = DomainTrainer(cfg, DomainData(ds.domains[0]), 0, device)
     empty = np.zeros(0, np.int64), np.zeros((0, cfg.fppdm.dim), np.float32), np.zeros((0, cfg.fppdm.dim), np.float32)
-    times = []
+    times, loss = [], 0.0
     for epoch in range(epochs + 1):  # the first epoch warms up kernels and allocators
         t0 = time.time()
-        trainer.train(epoch + 1, *empty)
+        loss = trainer.train(epoch + 1, *empty)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.time() - t0)
-    return {"epoch_s": float(np.median(times[1:])), "interactions": int(trainer.data.users.size)}
+    return {"epoch_s": float(np.median(times[1:])), "interactions": int(trainer.data.users.size), "loss": loss}
+
+
+def device_row(name: str, args: argparse.Namespace) -> dict:
+    """FedGNN and FPPDM measured on device `name`, or {"skipped": why} when torch cannot see it."""
+    if name == "cuda" and not torch.cuda.is_available():
+        return {"skipped": "torch sees no CUDA device"}
+    device = torch.device(name)
+    row = {"fedgnn": fedgnn_clients_per_second(device, args.users, args.rounds, args.cache_dir, args.set),
+           "fppdm": fppdm_epoch_seconds(device, args.fppdm_users, args.fppdm_items, args.fppdm_epochs)}
+    if device.type == "cuda":
+        row["gpu"] = torch.cuda.get_device_name(device)
+    return row
+
+
+def add_speedups(rows: dict[str, dict]) -> None:
+    """Give every measured device but cpu its FedGNN clients/s and FPPDM epoch-time ratios against cpu."""
+    cpu = rows.get("cpu", {})
+    for name, row in rows.items():
+        if name != "cpu" and "fedgnn" in row and "fedgnn" in cpu:
+            row["fedgnn_speedup_vs_cpu"] = row["fedgnn"]["clients_per_second"] / cpu["fedgnn"]["clients_per_second"]
+            row["fppdm_speedup_vs_cpu"] = cpu["fppdm"]["epoch_s"] / row["fppdm"]["epoch_s"]
 
 
 def main() -> None:
@@ -79,22 +101,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = {}
     for name in args.devices:
-        if name == "cuda" and not torch.cuda.is_available():
-            rows[name] = {"skipped": "torch sees no CUDA device"}
-            print(f"[gpu_clients] {name}: skipped (no CUDA device)", flush=True)
-            continue
-        device = torch.device(name)
-        row = {"fedgnn": fedgnn_clients_per_second(device, args.users, args.rounds, args.cache_dir, args.set),
-               "fppdm": fppdm_epoch_seconds(device, args.fppdm_users, args.fppdm_items, args.fppdm_epochs)}
-        if name == "cuda":
-            row["gpu"] = torch.cuda.get_device_name(0)
-        rows[name] = row
-        print(f"[gpu_clients] {name}: {json.dumps(row)}", flush=True)
-    cpu = rows.get("cpu", {})
-    for name, row in rows.items():
-        if name != "cpu" and "fedgnn" in row and "fedgnn" in cpu:
-            row["fedgnn_speedup_vs_cpu"] = row["fedgnn"]["clients_per_second"] / cpu["fedgnn"]["clients_per_second"]
-            row["fppdm_speedup_vs_cpu"] = cpu["fppdm"]["epoch_s"] / row["fppdm"]["epoch_s"]
+        rows[name] = device_row(name, args)
+        print(f"[gpu_clients] {name}: {json.dumps(rows[name])}", flush=True)
+    add_speedups(rows)
     doc = {"date": date.today().isoformat(), "machine": platform.processor() or platform.machine(),
            "torch": torch.__version__, "threads": args.threads, "users": args.users, "rounds": args.rounds,
            "overrides": args.set, "devices": rows}

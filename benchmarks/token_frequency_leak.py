@@ -7,7 +7,8 @@ popularity from auxiliary data ranks tokens by count and items by popularity and
 We report the fraction of tokens paired with their true item (ties broken at random) when the
 auxiliary popularity is (a) the exact training counts (worst case) and (b) another split of the
 same catalogue (ML-100K u2.base against u1.base, a realistic public copy), plus the random-guess
-baseline. Writes benchmarks/results/token_frequency_leak.json.
+baseline. The attack is `fedrec_flwr.privacy.attacks.popularity_reidentification`; this is its
+command line. Writes benchmarks/results/token_frequency_leak.json.
 """
 
 from __future__ import annotations
@@ -20,15 +21,7 @@ import numpy as np
 
 from fedrec_flwr.data.loaders import load_split_files
 from fedrec_flwr.data.types import RatingScale
-
-
-def reidentified(observed: np.ndarray, auxiliary: np.ndarray, rng: np.random.Generator, top: int | None = None) -> float:
-    """Fraction of items whose observed-count rank equals their auxiliary-popularity rank (random ties)."""
-    items = np.flatnonzero(observed > 0)
-    obs_order = items[np.lexsort((rng.random(items.size), -observed[items]))]
-    aux_order = items[np.lexsort((rng.random(items.size), -auxiliary[items]))]
-    hits = obs_order == aux_order
-    return float(hits[:top].mean() if top else hits.mean())
+from fedrec_flwr.privacy.attacks import popularity_reidentification
 
 
 def main() -> None:
@@ -47,10 +40,10 @@ def main() -> None:
     rng = np.random.default_rng(0)
     result = {
         "items_with_tokens": int((observed > 0).sum()),
-        "exact_popularity": reidentified(observed, observed, rng),
-        "exact_popularity_top100": reidentified(observed, observed, rng, 100),
-        "other_split_popularity": reidentified(observed, other, rng),
-        "other_split_popularity_top100": reidentified(observed, other, rng, 100),
+        "exact_popularity": popularity_reidentification(observed, observed, rng),
+        "exact_popularity_top100": popularity_reidentification(observed, observed, rng, 100),
+        "other_split_popularity": popularity_reidentification(observed, other, rng),
+        "other_split_popularity_top100": popularity_reidentification(observed, other, rng, 100),
         "random_guess": 1.0 / int((observed > 0).sum()),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ from fedrec_flwr.fedgnn.user import MemoryStore, build_upload, init_user_state, 
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model
 from fedrec_flwr.privacy import clip_linf, privatize, pseudo_gradient_rows
-from benchmarks.privacy_attack import FEATURES, model_gradient_auc, within_upload_auc
+from fedrec_flwr.privacy.attacks import FEATURES, model_gradient_auc, popularity_reidentification, within_upload_auc
 from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN
 
 
@@ -114,6 +114,16 @@ def test_the_model_gradient_does_not_point_at_the_real_items_under_ldp(tiny_cfg,
     assert max(protected.values()) <= 0.6, protected
     if model:
         assert open_auc["feature map"] > 0.65 and "feature map" in protected
+
+
+def test_popularity_attack_pairs_tokens_with_items_by_rank():
+    """Distinct counts known exactly: every token re-identified; unrelated popularity: about chance."""
+    rng = np.random.default_rng(0)
+    observed = rng.permutation(np.arange(1, 201)).astype(float)
+    assert popularity_reidentification(observed, observed, rng) == 1.0
+    assert popularity_reidentification(observed, observed[::-1].copy(), rng) < 0.05
+    ties = np.ones(200)  # all counts equal: ties broken at random, so top-10 hits are rare
+    assert popularity_reidentification(ties, ties, rng, top=10) <= 0.2
 
 
 def test_a_user_without_training_ratings_sends_a_valid_upload(tiny_cfg):

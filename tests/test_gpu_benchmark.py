@@ -1,33 +1,94 @@
-"""The GPU benchmark drives client and server code without flwr or ray (a GPU machine may lack both)."""
+"""Device placement and the GPU benchmark, checked without a GPU.
+
+What a CPU machine can check: which device a ClientApp is given (with CUDA reported present or
+absent), that the benchmark's numbers are those of its code and not of the moment (the same run
+twice gives the same RMSE and loss), how speed-ups are formed, and that the benchmark runs where
+flwr and ray are not installed (a GPU machine may lack both).
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+from benchmarks import gpu_clients
+from fedrec_flwr.client_app import client_device
+from fedrec_flwr.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
 BLOCK = "import sys; sys.modules['flwr'] = None; sys.modules['ray'] = None; import runpy; sys.argv = sys.argv[1:]; " \
         "runpy.run_module('benchmarks.gpu_clients', run_name='__main__')"
 
+# small enough for a second or two per run on one core: 24 users over 200 items, an FPPDM domain of 40 users
+SMALL_FEDGNN = ["model.dim=16", "privacy.pseudo_items=50", "federation.clients_per_round=4",
+                "data.synthetic.num_items=200", "data.synthetic.mean_degree=20"]
+
+
+def _cfg(*overrides: str):
+    return load_config("fedgnn", "synthetic", list(overrides))
+
+
+@pytest.mark.parametrize("overrides", [(), ("simulation.num_gpus=0.5",), ("simulation.device=cpu",)])
+def test_clients_stay_on_cpu_without_cuda(monkeypatch, overrides):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert client_device(_cfg(*overrides)) == torch.device("cpu")
+
+
+def test_asking_for_cuda_without_cuda_is_an_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="simulation.device = 'cuda' but torch sees no CUDA device"):
+        client_device(_cfg("simulation.device=cuda"))
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (("simulation.device=cuda",), "cuda"),
+    (("simulation.num_gpus=0.25",), "cuda"),  # auto: a GPU share moves the models to CUDA
+    ((), "cpu"),  # auto without a GPU share: a visible GPU is not taken
+    (("simulation.device=cpu", "simulation.num_gpus=1"), "cpu"),  # an explicit cpu wins
+])
+def test_cuda_is_chosen_only_when_visible_and_asked_for(monkeypatch, overrides, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # chosen, never run on
+    assert client_device(_cfg(*overrides)) == torch.device(expected)
+
+
+def test_an_absent_device_is_reported_as_skipped(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_clients.device_row("cuda", argparse.Namespace()) == {"skipped": "torch sees no CUDA device"}
+
+
+def test_speedups_are_ratios_against_cpu():
+    rows = {"cpu": {"fedgnn": {"clients_per_second": 10.0}, "fppdm": {"epoch_s": 6.0}},
+            "cuda": {"fedgnn": {"clients_per_second": 40.0}, "fppdm": {"epoch_s": 2.0}},
+            "mps": {"skipped": "absent"}}
+    gpu_clients.add_speedups(rows)
+    assert rows["cuda"]["fedgnn_speedup_vs_cpu"] == 4.0 and rows["cuda"]["fppdm_speedup_vs_cpu"] == 3.0
+    assert "fedgnn_speedup_vs_cpu" not in rows["cpu"] and rows["mps"] == {"skipped": "absent"}
+
+
+def test_the_benchmark_measures_the_same_numbers_twice(tmp_path):
+    """Timings vary; what was trained must not: the same RMSE (FedGNN) and loss (FPPDM) on a second run."""
+    cpu = torch.device("cpu")
+    runs = [gpu_clients.fedgnn_clients_per_second(cpu, 24, 1, str(tmp_path / "cache"), SMALL_FEDGNN) for _ in range(2)]
+    assert runs[0]["rmse"] == runs[1]["rmse"] and 0 < runs[0]["rmse"] < 4
+    assert all(r["clients_per_second"] > 0 for r in runs)
+    fppdm = [gpu_clients.fppdm_epoch_seconds(cpu, 40, 30, 1) for _ in range(2)]
+    assert fppdm[0]["loss"] == fppdm[1]["loss"] > 0 and fppdm[0]["interactions"] == fppdm[1]["interactions"] > 0
+
 
 def test_gpu_benchmark_runs_with_flwr_and_ray_unimportable(tmp_path):
     out = tmp_path / "gpu.json"
-    cmd = [sys.executable, "-c", BLOCK, "gpu_clients", "--users", "40", "--rounds", "2", "--fppdm-users", "60",
-           "--fppdm-items", "50", "--fppdm-epochs", "1", "--cache-dir", str(tmp_path / "cache"), "--out", str(out),
-           "--set", "model.dim=16", "privacy.pseudo_items=50", "federation.clients_per_round=8"]
+    cmd = [sys.executable, "-c", BLOCK, "gpu_clients", "--devices", "cpu", "--users", "24", "--rounds", "1",
+           "--fppdm-users", "40", "--fppdm-items", "30", "--fppdm-epochs", "1", "--cache-dir", str(tmp_path / "cache"),
+           "--out", str(out), "--set", *SMALL_FEDGNN]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(out.read_text())
-    cpu = doc["devices"]["cpu"]
-    assert cpu["fedgnn"]["clients_per_second"] > 0 and cpu["fppdm"]["epoch_s"] > 0
-    assert 0 < cpu["fedgnn"]["rmse"] < 4
-    cuda = doc["devices"]["cuda"]
-    if torch.cuda.is_available():
-        assert cuda["fedgnn_speedup_vs_cpu"] > 0
-    else:
-        assert cuda == {"skipped": "torch sees no CUDA device"}
+    cpu = json.loads(out.read_text())["devices"]["cpu"]
+    assert cpu["fedgnn"]["clients_per_second"] > 0 and 0 < cpu["fedgnn"]["rmse"] < 4
+    assert cpu["fppdm"]["epoch_s"] > 0 and cpu["fppdm"]["loss"] > 0

@@ -102,7 +102,3 @@ class MultiDomainDataset:
     num_users: int
     domains: list[Domain]
     meta: dict = field(default_factory=dict)
-
-    def users_in(self, domain: Domain) -> np.ndarray:
-        """Sorted global ids of the users with at least one training positive in `domain`."""
-        return np.unique(domain.train_users)

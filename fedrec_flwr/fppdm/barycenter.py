@@ -7,25 +7,25 @@ fixed-point equation of Agueh & Carlier reduces to averaging the standard deviat
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 
-def diagonal_barycenter(mus: list[np.ndarray], sigmas: list[np.ndarray], weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Barycenter (mu_bar, sigma_bar) of K diagonal Gaussians given as [dim] arrays of means and stds."""
-    k = len(mus)
-    w = np.full(k, 1.0 / k) if weights is None else np.asarray(weights, float) / np.sum(weights)
-    mu = sum(wi * m for wi, m in zip(w, mus))
-    sigma = sum(wi * s for wi, s in zip(w, sigmas))
-    return np.asarray(mu, np.float32), np.asarray(sigma, np.float32)
+class UserGaussians(NamedTuple):
+    """Diagonal Gaussians of some users: global user ids [n], means [n, dim] and standard deviations [n, dim]."""
+
+    ids: np.ndarray
+    mu: np.ndarray
+    sigma: np.ndarray
 
 
-def user_barycenters(
-    uploads: list[tuple[np.ndarray, np.ndarray, np.ndarray]], num_users: int, dim: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def user_barycenters(uploads: list[UserGaussians], num_users: int, dim: int) -> UserGaussians:
     """Per-user barycenter over the domains where each user appears, with equal domain weights.
 
-    uploads: (global user ids, mu [n, dim], sigma [n, dim]) per domain. Returns (ids, mu, sigma)
-    for every user seen in any domain; a user present in one domain keeps its own distribution.
+    uploads: one `UserGaussians` (or any (ids, mu, sigma) triple) per domain. Returns the
+    barycenters of every user seen in any domain, ids sorted; a user present in one domain keeps
+    its own distribution.
     """
     mu_sum = np.zeros((num_users, dim))
     sigma_sum = np.zeros((num_users, dim))
@@ -35,4 +35,5 @@ def user_barycenters(
         sigma_sum[ids] += sigma
         count[ids] += 1
     ids = np.flatnonzero(count)
-    return ids, (mu_sum[ids] / count[ids, None]).astype(np.float32), (sigma_sum[ids] / count[ids, None]).astype(np.float32)
+    return UserGaussians(ids, (mu_sum[ids] / count[ids, None]).astype(np.float32),
+                         (sigma_sum[ids] / count[ids, None]).astype(np.float32))

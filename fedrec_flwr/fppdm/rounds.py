@@ -1,0 +1,270 @@
+"""One FPPDM run's rounds, independent of how messages travel.
+
+The Flower strategy (`strategies.fppdm`) is a transport over this core, so every round step has
+exactly one implementation:
+
+1. download: each domain gets the global Gaussians of its own users (plaintext), or the summed
+   ciphertexts and domain counts of its users (Paillier, `fppdm.secure`);
+2. train: validate each domain's upload (user ids distinct and in range, shapes, dtypes; in
+   plaintext also mu and sigma finite, |mu| <= MAX_ABS_MU, 0 < sigma <= MAX_SIGMA, or sigma = 0
+   for point embeddings), then, if at least `federation.min_clients` uploads were accepted, the
+   per-user closed-form W2 barycenter over the domains holding each user (in plaintext, or as a
+   product of ciphertexts the domains decrypt); fewer leave the global users unchanged;
+3. evaluate: every `eval_every` rounds and at the end each domain reports HR@K / NDCG@K on its own
+   leave-one-out test users; the core keeps them per domain and their unweighted mean.
+
+Rejected messages are logged, counted and never averaged in. Under Paillier the server sees no
+value, so only ids, shapes and the public key can be checked here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+from fedrec_flwr.config import AppConfig
+from fedrec_flwr.fedgnn.rounds import NodeReply
+from fedrec_flwr.fppdm.barycenter import UserGaussians, user_barycenters
+from fedrec_flwr.fppdm.secure_barycenter import per_user_ciphertexts, sum_encrypted
+from fedrec_flwr.messages import UploadRejected, array_bytes
+from fedrec_flwr.privacy.paillier_pack import FixedPointPacker, ciphertexts_to_array
+from fedrec_flwr.results import RunRecorder, report_round
+
+log = logging.getLogger("fedrec_flwr.fppdm")
+
+MAX_ABS_MU = 1e3  # largest |mu| a domain may upload
+MAX_SIGMA = 1e3  # largest sigma a domain may upload
+
+__all__ = ["MAX_ABS_MU", "MAX_SIGMA", "EncryptedUpload", "FPPDMRounds", "NodeReply", "UserGaussians",
+           "validate_distributions", "validate_encrypted"]
+
+
+class EncryptedUpload(NamedTuple):
+    """A domain's Paillier upload: global user ids [n], ciphertext bytes [n * per_user, width], public modulus bytes."""
+
+    ids: np.ndarray
+    ciphertexts: np.ndarray
+    public_n: np.ndarray
+
+
+def _check_ids(ids: np.ndarray, num_users: int) -> None:
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise UploadRejected("user ids must be a 1-D integer array")
+    if ids.size and (ids.min() < 0 or ids.max() >= num_users):
+        raise UploadRejected(f"user id out of range [0, {num_users})")
+    if np.unique(ids).size != ids.size:
+        raise UploadRejected("duplicate user ids")
+
+
+def validate_distributions(arrays: list[np.ndarray], num_users: int, dim: int, *, gaussian: bool = True,
+                           max_abs_mu: float = MAX_ABS_MU, max_sigma: float = MAX_SIGMA) -> UserGaussians:
+    """A plaintext domain upload [user ids, mu, sigma] as `UserGaussians`, or UploadRejected naming what is wrong.
+
+    mu and sigma must be finite floats of shape [users, dim] with |mu| <= max_abs_mu; sigma is a
+    standard deviation, 0 < sigma <= max_sigma, or exactly 0 for point embeddings (gaussian=False).
+    """
+    if len(arrays) != 3:
+        raise UploadRejected(f"expected 3 arrays (user ids, mu, sigma), got {len(arrays)}")
+    ids, mu, sigma = (np.asarray(a) for a in arrays)
+    _check_ids(ids, num_users)
+    for name, a in (("mu", mu), ("sigma", sigma)):
+        if a.shape != (ids.size, dim):
+            raise UploadRejected(f"{name} has shape {a.shape}, expected {(ids.size, dim)}")
+        if not np.issubdtype(a.dtype, np.floating) or not np.isfinite(a).all():
+            raise UploadRejected(f"{name} has NaN/Inf or a non-float dtype")
+    if mu.size and np.abs(mu).max() > max_abs_mu:
+        raise UploadRejected(f"|mu| = {np.abs(mu).max():.3g} exceeds the bound {max_abs_mu:g}")
+    if gaussian and (sigma <= 0).any():
+        raise UploadRejected(f"sigma = {sigma.min():.3g}; a standard deviation must be positive")
+    if not gaussian and (sigma != 0).any():
+        raise UploadRejected("sigma must be 0: the domains train point embeddings (fppdm.gaussian = false)")
+    if sigma.size and sigma.max() > max_sigma:
+        raise UploadRejected(f"sigma = {sigma.max():.3g} exceeds the bound {max_sigma:g}")
+    return UserGaussians(ids.astype(np.int64), mu.astype(np.float32), sigma.astype(np.float32))
+
+
+def validate_encrypted(arrays: list[np.ndarray], num_users: int, per_user: int, key_bits: int) -> EncryptedUpload:
+    """An encrypted domain upload [user ids, ciphertexts, public n] as `EncryptedUpload`, or UploadRejected."""
+    if len(arrays) != 3:
+        raise UploadRejected(f"expected 3 arrays (user ids, ciphertexts, public key), got {len(arrays)}")
+    ids, cts, n = (np.asarray(a) for a in arrays)
+    _check_ids(ids, num_users)
+    if cts.dtype != np.uint8 or cts.shape != (ids.size * per_user, 2 * key_bits // 8):
+        raise UploadRejected(f"ciphertexts have shape {cts.shape}, expected {(ids.size * per_user, 2 * key_bits // 8)} uint8")
+    if n.dtype != np.uint8 or n.ndim != 1 or not 0 < n.size <= key_bits // 8 + 1:
+        raise UploadRejected("public key must be the modulus as a 1-D uint8 array")
+    return EncryptedUpload(ids.astype(np.int64), cts, n)
+
+
+def _empty_users(dim: int) -> UserGaussians:
+    return UserGaussians(np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros((0, dim), np.float32))
+
+
+class FPPDMRounds:
+    """Downloads, training rounds (validation and barycenter) and evaluation of one FPPDM run."""
+
+    def __init__(self, cfg: AppConfig, num_users: int, recorder: RunRecorder | None = None):
+        self.cfg, self.num_users, self.recorder = cfg, num_users, recorder
+        self.dim = cfg.fppdm.dim
+        self.packer = FixedPointPacker(key_bits=cfg.fppdm.key_bits)
+        self.per_user_cts = per_user_ciphertexts(self.packer, self.dim)
+        self.global_users = _empty_users(self.dim)  # plaintext barycenters, ids sorted
+        self.domain_users: dict[int, np.ndarray] = {}  # node -> the user ids of its last accepted upload
+        self.encrypted_replies: dict[int, list[np.ndarray]] = {}  # node -> [ids, summed ciphertexts, counts]
+        self.rejections: list[tuple[int, str]] = []
+        self.final: dict[str, float] = {}
+
+    # -- bookkeeping -----------------------------------------------------------------
+    def reject(self, server_round: int, reason: str) -> None:
+        """Log and count one rejected message."""
+        log.warning("round %d: rejected update: %s", server_round, reason)
+        self.rejections.append((server_round, reason))
+
+    def record(self, record: dict) -> None:
+        """Print one round's record and add it to the run's results."""
+        report_round(self.recorder, "fppdm", record)
+
+    # -- downloads -------------------------------------------------------------------
+    def download(self, node_id: int) -> list[np.ndarray]:
+        """What a domain trains towards: [its user ids, their global mu, sigma] ([ids, ciphertexts, counts]
+        under Paillier); empty before the first applied round, for an unknown node, or with fppdm.aggregate off."""
+        if not self.cfg.fppdm.aggregate:
+            return []
+        if self.cfg.fppdm.secure:
+            return self.encrypted_replies.get(node_id, [])
+        users = self.domain_users.get(node_id)
+        glob = self.global_users
+        if users is None or glob.ids.size == 0:
+            return []
+        pos = np.searchsorted(glob.ids, users)
+        known = (pos < glob.ids.size) & (glob.ids[np.minimum(pos, glob.ids.size - 1)] == users)
+        if not known.all():  # users of a domain whose latest upload was refused: only those with a barycenter
+            users, pos = users[known], pos[known]
+        return [users, glob.mu[pos], glob.sigma[pos]]
+
+    # -- training --------------------------------------------------------------------
+    def validate_reply(self, server_round: int, reply: NodeReply) -> UserGaussians | EncryptedUpload | None:
+        """The domain's upload, checked; None (logged and counted) when it is refused."""
+        f = self.cfg.fppdm
+        try:
+            if f.secure:
+                return validate_encrypted(reply.arrays, self.num_users, self.per_user_cts, f.key_bits)
+            return validate_distributions(reply.arrays, self.num_users, self.dim, gaussian=f.gaussian)
+        except UploadRejected as exc:
+            self.reject(server_round, f"node {reply.node_id}: {exc}")
+            return None
+
+    def train(self, server_round: int, replies: list[NodeReply], failures: list[str], started: float) -> dict:
+        """Validate every upload; with at least min_clients accepted, the per-user barycenter; record the round."""
+        for why in failures:
+            self.reject(server_round, f"client failure: {why}")
+        uploads: list[UserGaussians | EncryptedUpload] = []
+        up = 0
+        for reply in replies:
+            up += array_bytes(reply.arrays)
+            upload = self.validate_reply(server_round, reply)
+            if upload is None:
+                continue
+            uploads.append(upload)
+            self.domain_users[reply.node_id] = upload.ids
+        applied = len(uploads) >= self.cfg.federation.min_clients
+        if not applied:
+            log.warning("round %d: %d accepted uploads < min_clients=%d; global users unchanged",
+                        server_round, len(uploads), self.cfg.federation.min_clients)
+        elif self.cfg.fppdm.secure:
+            applied = self.aggregate_encrypted(server_round, uploads)
+        else:  # content order, not arrival order: the float sums are then the same in every run
+            ordered = sorted(uploads, key=lambda u: (len(u.ids), u.ids.tobytes()))
+            self.global_users = user_barycenters(ordered, self.num_users, self.dim)
+        counts = np.bincount(np.concatenate([u.ids for u in uploads]), minlength=self.num_users) if uploads else np.zeros(1)
+        record = {"round": server_round, "phase": "train", "clients": len(replies), "accepted": len(uploads),
+                  "rejected": len(replies) + len(failures) - len(uploads), "applied": applied,
+                  "overlapping_users": int((counts > 1).sum()), "bytes_up": up / max(len(replies), 1),
+                  "bytes_down": float(np.mean([array_bytes(self.download(r.node_id)) for r in replies])) if replies else 0.0,
+                  "round_seconds": time.time() - started}
+        self.record(record)
+        return record
+
+    def aggregate_encrypted(self, server_round: int, uploads: list[EncryptedUpload]) -> bool:
+        """Multiply ciphertexts per user across domains; each domain gets back its users' sums and counts.
+        False (the round is not aggregated) when the domains used different keys or too many domains
+        would overflow the fixed-point slots."""
+        moduli = {int.from_bytes(u.public_n.tobytes(), "big") for u in uploads}
+        if len(moduli) != 1:
+            self.reject(server_round, f"domains sent {len(moduli)} different public keys; round not aggregated")
+            return False
+        if len(uploads) > self.packer.max_terms:
+            self.reject(server_round, f"{len(uploads)} domain uploads exceed the {self.packer.max_terms} that "
+                                      "fixed-point slots can sum; round not aggregated")
+            return False
+        sums, counts = sum_encrypted([(u.ids, u.ciphertexts) for u in uploads], moduli.pop(), self.per_user_cts)
+        for node_id, ids in self.domain_users.items():
+            if not all(u in sums for u in ids.tolist()):  # a domain whose latest upload was refused
+                ids = np.asarray([u for u in ids.tolist() if u in sums], np.int64)
+            cts = [c for u in ids.tolist() for c in sums[u]]
+            self.encrypted_replies[node_id] = [ids, ciphertexts_to_array(cts, self.cfg.fppdm.key_bits),
+                                               np.array([counts[u] for u in ids.tolist()], np.int64)]
+        return True
+
+    # -- evaluation ------------------------------------------------------------------
+    def is_eval_round(self, server_round: int) -> bool:
+        """Every `eval_every` rounds and the last round."""
+        fed = self.cfg.federation
+        return server_round % fed.eval_every == 0 or server_round == fed.rounds
+
+    @staticmethod
+    def check_eval_reply(reply: NodeReply) -> tuple[str, dict[str, float]] | None:
+        """(domain name, its HR@K / NDCG@K) of one evaluation reply; None when the domain has no test
+        user; UploadRejected when the reply is not one an honest domain could send."""
+        m = reply.metrics
+        n = m.get("n", 0)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise UploadRejected(f"evaluation n = {n!r}; expected a non-negative integer")
+        if n == 0:
+            return None
+        if not isinstance(m.get("domain"), str):
+            raise UploadRejected("evaluation reply needs the domain's name")
+        scores = {}
+        for k, v in m.items():
+            if "@" not in k:
+                continue
+            try:
+                x = float(v)
+            except (TypeError, ValueError):
+                raise UploadRejected(f"evaluation {k} = {v!r}; expected a number") from None
+            if not (math.isfinite(x) and 0.0 <= x <= 1.0):
+                raise UploadRejected(f"evaluation {k} = {x}; expected a finite value in [0, 1]")
+            scores[k] = x
+        return m["domain"], scores
+
+    def evaluate(self, server_round: int, replies: list[NodeReply]) -> dict[str, float] | None:
+        """Mean over domains of each metric (None when no domain reported); per-domain values are recorded."""
+        per_domain: dict[str, dict[str, float]] = {}
+        for reply in replies:
+            try:
+                checked = self.check_eval_reply(reply)
+                if checked is not None and checked[0] in per_domain:
+                    raise UploadRejected(f"a second evaluation of domain {checked[0]!r}")
+            except UploadRejected as exc:
+                self.reject(server_round, f"node {reply.node_id}: {exc}")
+                continue
+            if checked is not None:
+                per_domain[checked[0]] = checked[1]
+        if not per_domain:
+            return None
+        keys = sorted({k for m in per_domain.values() for k in m})
+        mean = {k: float(np.mean([m[k] for m in per_domain.values()])) for k in keys}
+        self.final = {**mean, **{f"{d}/{k}": v for d, m in per_domain.items() for k, v in m.items()}}
+        self.record({"round": server_round, **self.final})
+        return mean
+
+    def finish(self) -> None:
+        """Write the final metrics and the rejections, and print them."""
+        if self.recorder is None or self.recorder.finished:
+            return
+        self.recorder.finish(self.final, {"rejections": [{"round": r, "reason": w} for r, w in self.rejections]})
+        print(f"[fppdm] FINAL {self.final}", flush=True)

@@ -1,0 +1,154 @@
+"""Attacks an honest-but-curious server (or neighbour service) can run on what it receives.
+
+They measure the protections rather than assume them: `benchmarks.privacy_attack` and
+`benchmarks.token_frequency_leak` are command lines over these functions, and the privacy tests
+assert their bounds.
+
+* Real vs pseudo item rows (FedGNN): inside one user's upload, rank the item-gradient rows by
+  features the server can compute (`row_features`) and measure how well they separate the items
+  the user rated from its pseudo items (`within_upload_auc`).
+* Model gradients (FedGNN): match the top singular directions of the model's weight gradients (and,
+  with public item features, the feature map's gradient) against what the server sent
+  (`model_gradient_auc`).
+* Token frequencies (neighbour service): pair tokens ranked by how many users submitted them with
+  items ranked by public popularity (`popularity_reidentification`).
+
+AUCs are "real items score higher": 0.5 is chance.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple
+
+import numpy as np
+import torch
+from scipy import stats
+
+from fedrec_flwr.config import AppConfig
+from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.user import UserState, build_upload, init_user_state, local_gradients
+from fedrec_flwr.models import RatingGNN, build_model
+
+FEATURES = ("l2 norm", "l1 norm", "max |x|", "mean", "projection on mean row", "|top principal component|", "standardised distance")
+
+
+def row_features(rows: np.ndarray) -> np.ndarray:
+    """What an attacker can compute per row of one upload [rows, len(FEATURES)]: norms, extremes, mean,
+    projections, outlyingness."""
+    centred = rows - rows.mean(0)
+    top = np.linalg.svd(centred, full_matrices=False)[2][0]
+    scale = centred.std(0) + 1e-12
+    return np.stack([
+        np.linalg.norm(rows, axis=1), np.abs(rows).sum(1), np.abs(rows).max(1), rows.mean(1),
+        rows @ rows.mean(0), np.abs(centred @ top), np.square(centred / scale).sum(1),
+    ], 1)
+
+
+class UserStep(NamedTuple):
+    """One user's local step as the attacks see it.
+
+    `sent`: the item rows the server sent for the user's anonymity set; `grads`, `real_rows`: the
+    model gradients and the rated items' row gradients before protection; `rng`: the user's
+    generator, positioned where the upload draws its pseudo rows and noise; `is_real`: which
+    anonymity-set entries the user rated.
+    """
+
+    model: RatingGNN
+    data: UserData
+    state: UserState
+    sent: np.ndarray
+    grads: list[np.ndarray]
+    real_rows: np.ndarray
+    rng: np.random.Generator
+    is_real: np.ndarray
+
+
+def user_steps(cfg: AppConfig, users: int) -> Iterator[UserStep]:
+    """For each of the first `users` users with >= 3 ratings, one local step on an untrained seeded model.
+
+    The model is seeded by cfg.seed and the rows sent to user u by u, so every run yields the same numbers.
+    """
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    torch.manual_seed(cfg.seed)  # model initialisation and dropout: the same numbers on every run
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
+    for u in range(min(users, meta.num_users)):
+        data = parts.user(u)
+        if data.train_items.size < 3:
+            continue
+        state = init_user_state(cfg, meta, data)
+        rng = np.random.default_rng(u)
+        sent = (rng.standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
+        grads, real_rows, _, _ = local_gradients(cfg, model, state, data, sent, rng)
+        yield UserStep(model, data, state, sent, grads, real_rows, rng, np.isin(state.anonymity_ids, data.train_items))
+
+
+def separation_auc(scores: np.ndarray, is_real: np.ndarray) -> float:
+    """AUC of "real entries score higher than the others" (Mann-Whitney U / (real x others)); 0.5 is chance."""
+    return float(stats.mannwhitneyu(scores[is_real], scores[~is_real]).statistic / (is_real.sum() * (~is_real).sum()))
+
+
+def within_upload_auc(cfg: AppConfig, users: int, mode: str) -> np.ndarray:
+    """Per feature of `FEATURES`, the mean over users of the within-upload AUC of real vs pseudo rows,
+    folded after averaging (max(auc, 1 - auc): the attacker may pick either direction).
+
+    mode: "protected" (the upload as configured: pseudo rows, LDP if on), or "zeros" (pseudo rows
+    left at zero, no noise: a strawman that shows the attack's power).
+    """
+    aucs = []
+    for step in user_steps(cfg, users):
+        if mode == "zeros":
+            up = np.zeros((step.state.anonymity_ids.size, cfg.model.dim), np.float32)
+            up[step.is_real] = step.real_rows
+        else:
+            up = build_upload(cfg, step.state, step.data, step.grads, step.real_rows, step.rng)[-1]
+        feats = row_features(up)
+        aucs.append([separation_auc(feats[:, j], step.is_real) for j in range(feats.shape[1])])
+    mean = np.mean(aucs, axis=0)
+    return np.maximum(mean, 1 - mean)
+
+
+def model_gradient_auc(cfg: AppConfig, users: int) -> dict[str, float]:
+    """Can the model part of an upload point at the real items? AUC of "real items score higher",
+    averaged over users, not folded (0.5 = chance; the direction is known in advance).
+
+    Two attacks by a server that knows every row it sent and the public item features:
+    "sent rows vs weight gradients": a d x d weight's gradient sums terms (upstream error) x (input
+    row) over the real items' edges, so its top singular vectors lean towards the real items' sent
+    rows; item j scores its sent row's largest |projection| on them (the best d x d weight reported).
+    "feature map" (models with public item features): the map's gradient is the sum over real j
+    of f_j (x) g_j, so item j scores <map gradient, f_j (x) its uploaded row g_j>.
+    """
+    per_weight: dict[int, list[float]] = {}
+    feature_map: list[float] = []
+    for step in user_steps(cfg, users):
+        upload = build_upload(cfg, step.state, step.data, step.grads, step.real_rows, step.rng)
+        for i, p in enumerate(step.model.parameters()):
+            if p.dim() < 2 or p.shape[-1] != cfg.model.dim or p.shape[-2] != cfg.model.dim:
+                continue
+            left, _, right = np.linalg.svd(upload[i].reshape(-1, cfg.model.dim, cfg.model.dim)[0])
+            scores = np.maximum(np.abs(step.sent @ left[:, 0]), np.abs(step.sent @ right[0]))
+            per_weight.setdefault(i, []).append(separation_auc(scores, step.is_real))
+        if step.data.item_features is not None:
+            g_map = upload[[n for n, _ in step.model.named_parameters()].index("item_feature_map")]
+            features = step.data.item_features[step.state.anonymity_ids]
+            feature_map.append(separation_auc(np.einsum("jk,kl,jl->j", features, g_map, upload[-1]), step.is_real))
+    out = {"sent rows vs weight gradients": max(float(np.mean(v)) for v in per_weight.values())}
+    if feature_map:
+        out["feature map"] = float(np.mean(feature_map))
+    return out
+
+
+def popularity_reidentification(observed: np.ndarray, auxiliary: np.ndarray, rng: np.random.Generator,
+                                top: int | None = None) -> float:
+    """Fraction of tokens paired with their true item by rank: tokens ranked by their observed counts,
+    items by auxiliary popularity (ties broken at random by `rng`), the i-th of each paired.
+
+    observed, auxiliary: counts per item (a token stands for the item with a positive observed
+    count); top: score only the `top` most frequent tokens.
+    """
+    items = np.flatnonzero(observed > 0)
+    obs_order = items[np.lexsort((rng.random(items.size), -observed[items]))]
+    aux_order = items[np.lexsort((rng.random(items.size), -auxiliary[items]))]
+    hits = obs_order == aux_order
+    return float(hits[:top].mean() if top else hits.mean())
