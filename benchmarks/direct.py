@@ -17,7 +17,8 @@ import torch
 from benchmarks.run import input_errors_exit
 from fedrec_flwr.fedgnn.protocol import split_download, users_array
 from fedrec_flwr.fedgnn.registry import UserRegistry
-from fedrec_flwr.fedgnn.rounds import FedGNNRounds, NodeReply
+from fedrec_flwr.fedgnn.rounds import FedGNNRounds
+from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore
 from fedrec_flwr.config import load_config, parse_overrides
 from fedrec_flwr.data import UserPartitions, prepare_partitions
@@ -26,19 +27,21 @@ from fedrec_flwr.fedgnn.server import FedGNNServer
 
 
 def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,
-               probe: Callable[[FedGNNServer, Callable[[np.ndarray | None], float]], dict] | None = None) -> dict:
+               probe: Callable[[FedGNNServer, Callable[[np.ndarray | None], float]], dict] | None = None,
+               tamper: Callable[[int, int, list[np.ndarray]], list[np.ndarray]] | None = None) -> dict:
     """Run cfg.federation.rounds FedGNN rounds in-process through the round core; returns metrics and timings.
 
     Every user sits on one node of its own (sampling is by user id, so the numbers are those of any
     `users_per_node`). `probe(server, rmse)`, if given, runs at every evaluation and its dict joins that
     round's record; `rmse(table)` is the RMSE of all users evaluating against another item table.
+    `tamper(user, round, upload)`, if given, replaces each user's protected upload (poisoning benchmarks).
     """
     if cfg.expansion.mode != "none":
         raise ValueError("benchmarks.direct drives training rounds only; run graph expansion through flwr run")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     server = FedGNNServer(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
-    rounds = FedGNNRounds(cfg, server, UserRegistry(meta.num_users), meta.scale.high - meta.scale.low)
+    rounds = FedGNNRounds(cfg, server, UserRegistry(meta.num_users, block_size=1), meta.scale.high - meta.scale.low)
     store = MemoryStore()
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device-side model, shared by users in turn
 
@@ -57,7 +60,8 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
             _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
             upload = [users_array(hosted)]
             for u, r in zip(hosted, rows):
-                upload += user(u).train(weights, r, rnd)
+                part = user(u).train(weights, r, rnd)
+                upload += part if tamper is None else tamper(u, rnd, part)
             replies.append(NodeReply(node, upload))
         out = rounds.train(rnd, replies, [], t0, 0.0)
         rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": out["accepted"]}

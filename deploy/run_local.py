@@ -8,7 +8,8 @@ certificates (deploy/make_certs.sh), per-node data files (fedrec_flwr.node_data)
 with --enable-supernode-auth, `flwr supernode register` of each node's public key, SuperNodes
 started with their private key and `--node-config data-path=...` (their own file only), and
 `flwr run . <connection>`. It also starts a SuperNode whose key was never registered and checks
-that the SuperLink refuses it. Exits non-zero, naming the step, if anything fails; prints the
+that the SuperLink refuses it, and (FedGNN) a registered SuperNode that is not in the operator's
+node list and claims another device's user, and checks that the server refuses its registration. Exits non-zero, naming the step, if anything fails; prints the
 results files it checked.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -104,14 +106,15 @@ def deploy_and_run(algorithm: str, work: Path, rounds: int, nodes: int) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     (work / "logs").mkdir(exist_ok=True)
     certs, data = work / "certs", work / "data"
-    subprocess.run(["bash", str(ROOT / "deploy" / "make_certs.sh"), str(certs), str(nodes + 1)], check=True,
+    # keys: node-0 .. node-{nodes-1} the devices, node-{nodes} never registered, node-{nodes+1} an impostor
+    subprocess.run(["bash", str(ROOT / "deploy" / "make_certs.sh"), str(certs), str(nodes + 2)], check=True,
                    capture_output=True)
     if algorithm == "fedgnn":
         preset, dataset = "fedgnn", "synthetic"
         data_set = [f"data.synthetic.num_users={nodes}", "data.synthetic.num_items=60", "data.synthetic.mean_degree=12",
                     "data.synthetic.test_fraction=0.3", "model.dim=16", "privacy.pseudo_items=20"]
         run_set = [*data_set, f"federation.rounds={rounds}", f"federation.clients_per_round={nodes}",
-                   "federation.min_clients=2", f"federation.min_nodes={nodes}", "federation.eval_every=1",
+                   "federation.min_clients=2", f"federation.min_nodes={nodes + 1}", "federation.eval_every=1",
                    "expansion.mode=fixed", "expansion.epoch=1", "faults.malformed=0.3"]
         files = [data / f"user-{i}.npz" for i in range(nodes)]
     else:
@@ -139,15 +142,30 @@ def deploy_and_run(algorithm: str, work: Path, rounds: int, nodes: int) -> dict:
             "--database", str(work / f"{algorithm}-state.db"), "--disable-runtime-dependency-installation",
         ])
         wait_port(port, link, "SuperLink")
-        for i in range(nodes):  # the operator registers each device's public key; node `nodes` is never registered
-            dep.run(f"registering node {i}", [str(BIN / "flwr"), "supernode", "register", str(certs / f"node-{i}.pub"), "deploy"])
-        if algorithm == "fedgnn":
+        node_ids = {}  # the operator registers each device's public key; node `nodes` is never registered
+        for i in [*range(nodes), nodes + 1]:
+            reply = dep.run(f"registering node {i}", [str(BIN / "flwr"), "supernode", "register",
+                                                      str(certs / f"node-{i}.pub"), "deploy", "--format", "json"])
+            node_ids[i] = int(json.loads(reply[reply.index("{"):])["node-id"])
+        if algorithm == "fedgnn":  # the operator's node list: device i speaks for user i; the impostor for nobody
+            node_list = work / "node-list.json"
+            node_list.write_text(json.dumps({str(node_ids[i]): [i] for i in range(nodes)}))
+            run_set.append(f"deployment.node_list={node_list}")
+        if algorithm == "fedgnn":  # HTTPS with the SuperLink's certificate; runs opened with the operator's token
+            token_file = certs / "neighbour-admin.token"
+            token_file.touch(mode=0o600)
+            token_file.chmod(0o600)  # before the token is in it
+            token_file.write_text(secrets.token_hex(32))
             svc = dep.start("neighbour-service", [str(BIN / "fedrec-neighbour-service"), "--host", "127.0.0.1",
-                                                  "--port", str(service)])
+                                                  "--port", str(service), "--admin-token-file", str(token_file),
+                                                  "--certfile", str(certs / "server.pem"),
+                                                  "--keyfile", str(certs / "server.key")])
             wait_port(service, svc, "neighbour service")
-            run_set.append(f"expansion.service_address=127.0.0.1:{service}")
-        for i in range(nodes + 1):
-            node_config = f"data-path='{files[min(i, nodes - 1)]}' state-dir='{work / 'devices' / str(i)}'"
+            run_set += [f"expansion.service_address=127.0.0.1:{service}", f"expansion.ca_file={certs / 'ca.crt'}",
+                        f"expansion.service_token_file={token_file}"]
+        starts = [*range(nodes + 1), nodes + 1] if algorithm == "fedgnn" else range(nodes + 1)
+        for i in starts:  # the impostor (registered, unlisted) holds device 0's file and claims its user
+            node_config = f"data-path='{files[i if i < nodes else 0]}' state-dir='{work / 'devices' / str(i)}'"
             dep.start(f"{algorithm}-supernode-{i}", [
                 str(BIN / "flower-supernode"), "--root-certificates", str(certs / "ca.crt"),
                 "--superlink", f"127.0.0.1:{port}", "--auth-supernode-private-key", str(certs / f"node-{i}"),
@@ -167,7 +185,8 @@ def deploy_and_run(algorithm: str, work: Path, rounds: int, nodes: int) -> dict:
         refused = ("Failed to activate SuperNode" in rogue_log
                    and "No SuperNode found with the given public key" in link_log)
         listing = dep.run("listing SuperNodes", [str(BIN / "flwr"), "supernode", "list", "deploy", "--format", "json"])
-        results["deploy"] = {"rogue_node_refused": refused, "rogue_log_tail": rogue_log[-600:],
+        impostor = [r["reason"] for r in results.get("rejections", []) if "not assigned to node" in r["reason"]]
+        results["deploy"] = {"rogue_node_refused": refused, "rogue_log_tail": rogue_log[-600:], "impostor_refused": impostor,
                              "supernode_list": listing[-3000:], "results_file": str(out / "results.json")}
         return results
     finally:

@@ -63,6 +63,7 @@ class ModelConfig:
     dropout: float = 0.2
     heads: int = 1
     biases: bool = False  # add b_u = v.x_u and b_i = w.x_i (shared v, w) to the dot product
+    init_std: float = 0.1  # std of the initial item rows (server) and user embeddings (devices)
 
 
 @dataclass
@@ -114,6 +115,15 @@ class SimulationConfig:
     num_cpus: float = 1.0  # Ray resources per ClientApp
     num_gpus: float = 0.0  # fractional GPU per ClientApp; > 0 moves models and batches to CUDA
     device: str = "auto"  # "auto": cuda when num_gpus > 0 and a GPU is visible, else cpu; or "cpu"/"cuda"
+
+
+@dataclass
+class DeploymentConfig:
+    """A real federation: which authenticated SuperNode may speak for which user or domain."""
+
+    # JSON file {node id: [user ids]} (FedGNN) written by the operator from the node ids that
+    # `flwr supernode register --format json` printed; nodes not listed register nobody
+    node_list: str = ""
 
 
 @dataclass
@@ -169,6 +179,10 @@ class ExpansionConfig:
     max_neighbours: int = 10  # N
     service_address: str = ""  # host:port of a running service; empty: start one on loopback
     retries: int = 3  # client retries when the service is unreachable
+    # file holding the service's admin token (to open / close runs); empty: $FEDREC_NB_ADMIN_TOKEN.
+    # Not the token itself: the run config also reaches every client
+    service_token_file: str = ""
+    ca_file: str = ""  # CA certificate the service's TLS certificate must chain to; empty: plain HTTP
 
 
 @dataclass
@@ -205,6 +219,10 @@ class FPPDMConfig:
     gaussian: bool = True  # false: point embeddings (sigma = 0, W2 becomes Euclidean): the LightGCN baseline
     aggregate: bool = True  # false: every domain trains alone (the single-domain baseline)
     shared_user_init: bool = False  # users start from a draw seeded by their global id in every domain
+    # server-side bounds on a domain's upload: |mu| <= max_abs_mu and sigma <= max_sigma (honest
+    # values are O(1); the bounds stop a domain from dragging the barycenter arbitrarily far)
+    max_abs_mu: float = 1000.0
+    max_sigma: float = 1000.0
 
 
 @dataclass
@@ -225,6 +243,7 @@ class AppConfig:
     fppdm: FPPDMConfig = field(default_factory=FPPDMConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
+    deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
@@ -281,6 +300,9 @@ _RANGES: dict[str, Range] = {
     "data.synthetic.degree_exponent": Range(1, open_low=True),  # the generator draws pareto(exponent - 1)
     "data.synthetic.noise_std": _NON_NEGATIVE,
     "data.synthetic.test_fraction": Range(0, 1, open_high=True, text="0 <= fraction < 1"),
+    "model.init_std": _POSITIVE,
+    "fppdm.max_abs_mu": _POSITIVE,
+    "fppdm.max_sigma": _POSITIVE,
     "model.dim": _AT_LEAST_ONE,
     "model.dropout": Range(0, 1, open_high=True, text="0 <= dropout < 1"),
     "model.heads": _AT_LEAST_ONE,
@@ -359,6 +381,11 @@ def _preset_path(name: str) -> Path:
 def dataset_conf_path(name: str) -> Path:
     """conf/datasets/<name>.yaml, the per-dataset settings merged over a preset."""
     return CONF_DIR / "datasets" / f"{name}.yaml"
+
+
+def preset_dataset_conf_path(preset: str, dataset: str) -> Path:
+    """conf/<preset>/<dataset>.yaml: one preset's settings for one dataset, merged over conf/datasets/."""
+    return CONF_DIR / preset / f"{dataset.replace(':', '_').replace('/', '_')}.yaml"
 
 
 def _load_yaml(path: Path, what: str, known: list[str]):
@@ -484,9 +511,9 @@ def load_config(
     cfg.preset = preset
     dataset = dataset or cfg.data.name  # no dataset given: the preset's own default
     if dataset:
-        ds_path = dataset_conf_path(dataset)
-        if ds_path.is_file():
-            cfg = _merge(cfg, OmegaConf.load(ds_path), f"conf/datasets/{dataset}.yaml")
+        for path in (dataset_conf_path(dataset), preset_dataset_conf_path(preset, dataset)):
+            if path.is_file():
+                cfg = _merge(cfg, _load_yaml(path, "settings file", []), str(path.relative_to(CONF_DIR.parent)))
         cfg.data.name = dataset
     if overrides:
         layer = OmegaConf.create()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 
 from flwr.common import Context
@@ -14,7 +15,7 @@ from fedrec_flwr.config import from_run_config, to_dict
 from fedrec_flwr.logs import configure_console_logging
 from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.node_data import load_catalogue
-from fedrec_flwr.neighbours import NeighbourClient, new_run_key
+from fedrec_flwr.neighbours import ADMIN_TOKEN_ENV, NeighbourClient, NeighbourServiceError, new_run_key
 from fedrec_flwr.neighbours.process import start_local_service
 from fedrec_flwr.results import RunRecorder
 from clients.trivial import trivial_parameters
@@ -64,15 +65,32 @@ def fedgnn_components(cfg) -> ServerAppComponents:
 
 
 def _expansion_link(cfg, num_items: int) -> ExpansionLink:
-    """Key material for the clients, and the neighbour service (started on loopback unless configured)."""
-    address = cfg.expansion.service_address
-    if not address:
-        address, _ = start_local_service()
+    """Key material for the clients, and a run opened at the neighbour service (started on loopback unless
+    configured) with the operator's admin token; the run's secret goes to the clients, the token does not."""
+    exp = cfg.expansion
+    address = exp.service_address
+    if address:
+        token = (open(exp.service_token_file, encoding="utf-8").read() if exp.service_token_file
+                 else os.environ.get(ADMIN_TOKEN_ENV, "")).strip()
+        if not token:
+            raise ValueError(f"expansion.service_address is set but no admin token: set expansion.service_token_file "
+                             f"or ${ADMIN_TOKEN_ENV}")
+    else:
+        address, _, token = start_local_service()
         log.info("neighbour service started on %s", address)
+    admin = NeighbourClient(address, retries=exp.retries, token=token, ca_file=exp.ca_file or None)
     run_id = secrets.token_hex(8)
-    NeighbourClient(address, retries=cfg.expansion.retries).open_run(
-        run_id, cfg.model.dim, max_tokens=num_items, max_neighbours=cfg.expansion.max_neighbours)
-    return ExpansionLink(new_run_key(), address, run_id)
+    secret = admin.open_run(run_id, cfg.model.dim, max_tokens=num_items, max_neighbours=exp.max_neighbours,
+                            updates=exp.mode == "trainable")  # trainable expansion re-submits every round
+
+    def close_run() -> None:
+        """Called by the strategy when the run ends: the service forgets its embeddings now, not at the TTL."""
+        try:
+            admin.close_run(run_id)
+        except NeighbourServiceError as exc:  # it expires on its own; the finished run stands
+            log.warning("could not close the neighbour-service run: %s", exc)
+
+    return ExpansionLink(new_run_key(), address, run_id, secret, close_run)
 
 
 def fppdm_components(cfg) -> ServerAppComponents:

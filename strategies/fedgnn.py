@@ -24,8 +24,9 @@ from fedrec_flwr.fedgnn.checkpoint import Checkpointer, config_diff
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, ExpansionLink, RoundConfig, array_bytes,
 )
-from fedrec_flwr.fedgnn.registry import UserRegistry
-from fedrec_flwr.fedgnn.rounds import FedGNNRounds, NodeReply
+from fedrec_flwr.fedgnn.registry import registry_for
+from fedrec_flwr.fedgnn.rounds import FedGNNRounds
+from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.results import RunRecorder, records_failure
 from strategies.nodes import wait_for_nodes
@@ -52,7 +53,7 @@ class FedGNNStrategy(FedAvg):
                          **kwargs)
         self.cfg = cfg
         self.server = FedGNNServer(cfg, num_items, bias_init, num_item_features=num_item_features)
-        self.registry = UserRegistry(num_users)
+        self.registry = registry_for(cfg, num_users)
         self.recorder = recorder
         self.rounds = FedGNNRounds(cfg, self.server, self.registry, rating_span, recorder)
         self.expansion = expansion
@@ -203,6 +204,8 @@ class FedGNNStrategy(FedAvg):
         metrics = self.rounds.evaluate(self.logical(server_round), replies, len(failures))
         if server_round == self.num_rounds:
             self.rounds.finish()
+            if self.expansion is not None and self.expansion.close_run is not None:
+                self.expansion.close_run()  # the neighbour service forgets this run's embeddings now
         return (None, {}) if metrics is None else (metrics["rmse"], metrics)
 
     def evaluate(self, server_round: int, parameters: Parameters):

@@ -15,7 +15,8 @@ from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters, parameters_
 from flwr.server.strategy import FedAvg
 
 from fedrec_flwr.config import AppConfig
-from fedrec_flwr.fppdm.rounds import FPPDMRounds, NodeReply
+from fedrec_flwr.fppdm.rounds import FPPDMRounds
+from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.results import RunRecorder
 from strategies.nodes import wait_for_nodes
 

@@ -33,7 +33,8 @@ def test_fedgnn_and_fppdm_on_a_real_superlink_with_authenticated_supernodes(tmp_
     fedgnn = json.loads(Path(summary["fedgnn"]["results_file"]).read_text())
     phases = [r.get("phase") for r in fedgnn["rounds"]]
     assert "expand-fetch" in phases and 0 < fedgnn["final"]["rmse"] < 4
-    assert fedgnn["rounds"][0]["accepted"] == 4  # the four registered devices, not the rogue one
+    assert fedgnn["rounds"][0]["accepted"] == 4  # the four listed devices, not the rogue or the impostor
+    assert summary["fedgnn"]["impostor_refused"]  # a registered but unlisted node claiming user 0 was refused
     assert any("NaN" in r["reason"] for r in fedgnn["rejections"])  # a malformed upload was rejected, not averaged
     fppdm = json.loads(Path(summary["fppdm"]["results_file"]).read_text())
     assert fppdm["rounds"][0]["clients"] == 3 and 0 <= fppdm["final"]["hr@10"] <= 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 from flwr.app import RecordDict
@@ -31,7 +33,15 @@ def _nodes(cfg, parts, per_node: int, first_id: int, files_root=None) -> dict:
     return nodes
 
 
+def _hosting(cfg, per_node: int):
+    """cfg with simulation.users_per_node = per_node: the server accepts exactly those partition blocks."""
+    cfg = copy.deepcopy(cfg)
+    cfg.simulation.users_per_node = per_node
+    return cfg
+
+
 def _run(cfg, per_node: int, first_id: int = 10**6, **kw) -> FedGNNStrategy:
+    cfg = _hosting(cfg, per_node)
     parts = UserPartitions(prepare_partitions(cfg.data))
     strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint,
                               RunRecorder(cfg.output_dir, "fedgnn", "synthetic", {}), parts.meta.num_users, rating_span=4.0)
@@ -54,7 +64,7 @@ def test_multiplexed_users_train_exactly_as_one_node_per_user(tiny_cfg):
 
 
 def test_upload_for_a_user_the_node_does_not_host_is_rejected(tiny_cfg):
-    cfg = tiny_cfg(*SMALL)
+    cfg = _hosting(tiny_cfg(*SMALL), 30)
     parts = UserPartitions(prepare_partitions(cfg.data))
     strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users, rating_span=4.0)
     nodes = _nodes(cfg, parts, 30, 1)
@@ -73,14 +83,29 @@ def test_upload_for_a_user_the_node_does_not_host_is_rejected(tiny_cfg):
 
 
 def test_a_user_claimed_by_two_nodes_is_refused(tiny_cfg):
-    cfg = tiny_cfg(*SMALL)
+    cfg = _hosting(tiny_cfg(*SMALL), 60)
     parts = UserPartitions(prepare_partitions(cfg.data))
     strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users, rating_span=4.0)
     nodes = _nodes(cfg, parts, 60, 1)
-    nodes[2] = FedGNNClient(cfg, parts.meta, [0, 1], parts.user, NodeStateStore(RecordDict()))  # impostor
+    nodes[2] = FedGNNClient(cfg, parts.meta, list(range(60)), parts.user, NodeStateStore(RecordDict()))  # impostor
     drive(strategy, nodes, last_round=1)
     assert strategy.registry.node_of(0) in (1, 2) and len(strategy.server.registry) == 60
     assert any("already registered by another node" in why for _, why in strategy.rounds.rejections)
+
+
+def test_a_simulated_node_registers_exactly_its_partition_block(tiny_cfg):
+    """A node claiming made-up ids, part of a block, or users across two blocks registers nobody."""
+    cfg = _hosting(tiny_cfg(*SMALL), 10)
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users,
+                              rating_span=4.0)
+    nodes = {1: FedGNNClient(cfg, parts.meta, list(range(10)), parts.user, NodeStateStore(RecordDict()))}
+    for nid, users in ((2, [10, 11]), (3, list(range(15, 25))), (4, list(range(20, 30)))):
+        nodes[nid] = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict()))
+    drive(strategy, nodes, last_round=1)
+    assert sorted(strategy.server.registry) == [*range(10), *range(20, 30)]
+    refused = [why for _, why in strategy.rounds.rejections]
+    assert len(refused) == 2 and all("hosts exactly users" in why for why in refused)
 
 
 @pytest.mark.parametrize("server_opt", [(), ("server_opt.name=adam", "server_opt.lr_decay=0.8", "server_opt.item_beta1=0.99",
@@ -89,7 +114,7 @@ def test_killed_and_resumed_run_ends_with_the_uninterrupted_metrics(tiny_cfg, tm
     """Kill after Flower round 5 (checkpoint at training round 4), resume on fresh nodes with new ids.
 
     With Adam, a decaying rate and item weight decay the checkpoint must carry optimiser moments and the schedule too."""
-    base = (*SMALL, "checkpoint.every=2", *server_opt)
+    base = (*SMALL, "checkpoint.every=2", "simulation.users_per_node=5", *server_opt)
     clean = _run(tiny_cfg(*base, f"output_dir={tmp_path / 'clean'}"), 5, files_root=tmp_path / "clean-devices")
     cfg = tiny_cfg(*base, f"output_dir={tmp_path / 'killed'}")
     parts = UserPartitions(prepare_partitions(cfg.data))

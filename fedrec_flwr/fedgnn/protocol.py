@@ -15,7 +15,7 @@ the server how many items a user rated.
 
 Graph expansion: in phases "expand-submit" / "expand-fetch" (and in every training round
 when expansion.mode = trainable) the config carries the run's token key, the neighbour
-service's address and run id; the client talks to the service directly and uploads nothing
+service's address, run id and run secret; the client talks to the service directly and uploads nothing
 to the recommendation server.
 
 The config every message carries is a `RoundConfig`; its Flower keys are defined there, once.
@@ -23,7 +23,8 @@ The config every message carries is a `RoundConfig`; its Flower keys are defined
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,11 +39,15 @@ PHASES = (PHASE_REGISTER, PHASE_TRAIN, PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH)
 
 @dataclass(frozen=True)
 class ExpansionLink:
-    """What the server hands clients for graph expansion: the token key and where the service is."""
+    """What the server hands clients for graph expansion: the token key, where the service is, and the
+    run's secret (the service refuses submits and fetches without it; "" only for an unauthenticated
+    in-process service). `close_run` is server-side only, never sent: it ends the run at the service."""
 
-    key: bytes
+    key: bytes = field(repr=False)
     address: str
     run_id: str
+    secret: str = field(default="", repr=False)
+    close_run: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,7 @@ class RoundConfig:
     # Flower config keys (flat scalars), defined once
     _KEYS = {"phase": "phase", "round": "round", "ckpt": "ckpt", "resume_from": "resume_from",
              "key": "nb_key", "address": "nb_address", "run_id": "nb_run", "retries": "nb_retries",
-             "refresh_neighbours": "nb_refresh"}
+             "refresh_neighbours": "nb_refresh", "secret": "nb_secret"}
 
     def to_flower(self) -> dict:
         """The flat scalar dict Flower carries in FitIns / EvaluateIns."""
@@ -69,7 +74,7 @@ class RoundConfig:
         out = {k["phase"]: self.phase, k["round"]: self.round, k["ckpt"]: self.ckpt, k["resume_from"]: self.resume_from}
         if self.expansion is not None:
             out.update({k["key"]: self.expansion.key, k["address"]: self.expansion.address,
-                        k["run_id"]: self.expansion.run_id, k["retries"]: self.retries,
+                        k["run_id"]: self.expansion.run_id, k["secret"]: self.expansion.secret, k["retries"]: self.retries,
                         k["refresh_neighbours"]: self.refresh_neighbours})
         return out
 
@@ -81,7 +86,8 @@ class RoundConfig:
             phase = str(config[k["phase"]])
             link = None
             if k["address"] in config:
-                link = ExpansionLink(bytes(config[k["key"]]), str(config[k["address"]]), str(config[k["run_id"]]))
+                link = ExpansionLink(bytes(config[k["key"]]), str(config[k["address"]]), str(config[k["run_id"]]),
+                                     str(config.get(k["secret"], "")))
             out = cls(phase, int(config.get(k["round"], 0)), int(config.get(k["ckpt"], 0)),
                       int(config.get(k["resume_from"], -1)), link, int(config.get(k["retries"], 3)),
                       bool(config.get(k["refresh_neighbours"], False)))

@@ -2,23 +2,64 @@
 
 A user's registration and every later upload are accepted only from the node that the user is
 bound to. Ids outside the dataset are refused, and a user already bound to one node cannot be
-claimed by another. `entitled(node_id)`, when given, narrows what a node may claim at all (for
-example the users an operator's node list assigns to an authenticated SuperNode).
+claimed by another. Who may claim what:
+- deployment: the operator's node list (`deployment.node_list`, a JSON file {node id: [users]},
+  the node ids that `flwr supernode register --format json` printed for each device's key) binds
+  each authenticated SuperNode to its users; a node that is not listed registers nobody;
+- simulation: partition p hosts users pU .. pU+U-1 (U = simulation.users_per_node), so a node
+  must claim exactly one such block, and each block once.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+from pathlib import Path
 from typing import Callable, Collection
 
 from fedrec_flwr.messages import UploadRejected
+
+log = logging.getLogger("fedrec_flwr.fedgnn")
+
+
+class NodeListError(ValueError):
+    """A node list file that cannot be used; the message names the file and what was expected."""
+
+
+def load_node_list(path: str | Path, num_users: int) -> dict[int, frozenset[int]]:
+    """{node id: its users} from the operator's JSON node list, checked (ids in range, each user once)."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+        if not isinstance(raw, dict):
+            raise ValueError("expected a JSON object {node id: [user ids]}")
+        listing = {int(node): frozenset(int(u) for u in users) for node, users in raw.items()}
+    except (OSError, ValueError, TypeError) as exc:
+        raise NodeListError(f"deployment.node_list {path}: {exc}") from None
+    seen: dict[int, int] = {}
+    for node, users in listing.items():
+        for u in users:
+            if not 0 <= u < num_users:
+                raise NodeListError(f"deployment.node_list {path}: node {node} lists user {u}, outside [0, {num_users})")
+            if u in seen:
+                raise NodeListError(f"deployment.node_list {path}: user {u} is listed for nodes {seen[u]} and {node}")
+            seen[u] = node
+    return listing
+
+
+def listed(node_list: dict[int, frozenset[int]]) -> Callable[[int], Collection[int]]:
+    """Entitlement from an operator's node list: a node may claim the users listed for it (none if unlisted)."""
+    return lambda node_id: node_list.get(node_id, frozenset())
 
 
 class UserRegistry:
     """Node-user bindings of one run."""
 
-    def __init__(self, num_users: int, entitled: Callable[[int], Collection[int] | None] | None = None):
+    def __init__(self, num_users: int, entitled: Callable[[int], Collection[int] | None] | None = None,
+                 block_size: int = 0):
         self.num_users = num_users
         self._entitled = entitled
+        self._block = block_size  # > 0 (simulation): a node claims exactly one block of this many users
         self._node_of: dict[int, int] = {}
         self._users_of: dict[int, list[int]] = {}
 
@@ -32,6 +73,12 @@ class UserRegistry:
                 raise UploadRejected(f"user {u} is not assigned to node {node_id}")
             if self._node_of.get(u, node_id) != node_id:
                 raise UploadRejected(f"user {u} is already registered by another node")
+        if self._block and users:
+            start = min(users) - min(users) % self._block
+            block = list(range(start, min(start + self._block, self.num_users)))
+            if sorted(users) != block:
+                raise UploadRejected(f"a simulated node hosts exactly users {start}..{block[-1]} of its partition "
+                                     f"(simulation.users_per_node = {self._block}); it claimed {len(users)} others")
 
     def bind(self, node_id: int, users: list[int]) -> None:
         """Bind `users` to `node_id` (after `check_claim`)."""
@@ -62,3 +109,14 @@ class UserRegistry:
         for u in sorted(users):
             grouped.setdefault(self._node_of[u], []).append(u)
         return grouped
+
+
+def registry_for(cfg, num_users: int) -> UserRegistry:
+    """The registry a run's config calls for: the operator's node list, the simulation's partition
+    blocks, or (a deployment without a node list) first claim wins, with a warning."""
+    if cfg.deployment.node_list:
+        return UserRegistry(num_users, listed(load_node_list(cfg.deployment.node_list, num_users)))
+    if cfg.data.catalogue:
+        log.warning("deployment without deployment.node_list: any SuperNode may register any unclaimed user")
+        return UserRegistry(num_users)
+    return UserRegistry(num_users, block_size=cfg.simulation.users_per_node)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,7 +29,7 @@ from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN, array_bytes, frame_download, split_upload
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.server import FedGNNServer, TrainUpdate, check_anonymity_set, eval_users, round_schedule, sample_users
-from fedrec_flwr.messages import UploadRejected
+from fedrec_flwr.messages import NodeReply, UploadRejected
 from fedrec_flwr.metrics import ErrorSums
 from fedrec_flwr.results import RunRecorder, report_round
 
@@ -40,15 +39,6 @@ log = logging.getLogger("fedrec_flwr.fedgnn")
 def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: int) -> list[tuple[int, np.ndarray]]:
     """[(user, anonymity set)] of a registration message, each set checked; UploadRejected otherwise."""
     return [(u, check_anonymity_set(a[0], num_items, min_rows)) for u, a in split_upload(arrays, 1)]
-
-
-@dataclass
-class NodeReply:
-    """What one node sent back in a round: its id and its arrays (fit) or metrics (evaluate)."""
-
-    node_id: int
-    arrays: list[np.ndarray] = field(default_factory=list)
-    metrics: dict = field(default_factory=dict)
 
 
 class FedGNNRounds:

@@ -174,7 +174,7 @@ class FedGNNServer:
         torch.manual_seed(cfg.seed)
         gen = torch.Generator().manual_seed(cfg.seed + 1)
         self.model = build_model(cfg.model, bias_init, num_item_features).to(self.device)
-        self.items = torch.nn.Parameter((torch.randn(num_items, cfg.model.dim, generator=gen) * 0.1).to(self.device))
+        self.items = torch.nn.Parameter((torch.randn(num_items, cfg.model.dim, generator=gen) * cfg.model.init_std).to(self.device))
         params = list(self.model.parameters())
         so = cfg.server_opt
         if so.name == "adam":

@@ -80,7 +80,7 @@ def user_rng(seed: int, user: int, *stream: int) -> np.random.Generator:
 def init_user_state(cfg: AppConfig, meta: PartitionMeta, data: UserData) -> UserState:
     """Draw the user's embedding and its fixed pseudo items (once, on the device)."""
     rng = user_rng(cfg.seed, data.user, 0)
-    emb = (rng.standard_normal(cfg.model.dim) * 0.1).astype(np.float32)
+    emb = (rng.standard_normal(cfg.model.dim) * cfg.model.init_std).astype(np.float32)
     own = np.union1d(data.train_items, data.test_items)
     count = num_pseudo(cfg.privacy.pseudo_items, own.size, meta.num_items - own.size)
     pseudo = sample_pseudo_items(rng, meta.num_items, own, count)
@@ -235,7 +235,8 @@ class FedGNNUser:
         """
         if self.data.train_items.size == 0:
             return 0
-        client = NeighbourClient(link.address, retries=retries)
+        client = NeighbourClient(link.address, retries=retries, token=link.secret or None,
+                                 ca_file=self.cfg.expansion.ca_file or None)
         if submit:
             client.submit(link.run_id, self.state.handle, self.state.embedding, item_tokens(link.key, self.data.train_items))
         if fetch:

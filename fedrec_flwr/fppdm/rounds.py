@@ -27,10 +27,9 @@ from typing import NamedTuple
 import numpy as np
 
 from fedrec_flwr.config import AppConfig
-from fedrec_flwr.fedgnn.rounds import NodeReply
 from fedrec_flwr.fppdm.barycenter import UserGaussians, user_barycenters
 from fedrec_flwr.fppdm.secure_barycenter import per_user_ciphertexts, sum_encrypted
-from fedrec_flwr.messages import UploadRejected, array_bytes
+from fedrec_flwr.messages import NodeReply, UploadRejected, array_bytes
 from fedrec_flwr.privacy.paillier_pack import FixedPointPacker, ciphertexts_to_array
 from fedrec_flwr.results import RunRecorder, report_round
 
@@ -153,7 +152,8 @@ class FPPDMRounds:
         try:
             if f.secure:
                 return validate_encrypted(reply.arrays, self.num_users, self.per_user_cts, f.key_bits)
-            return validate_distributions(reply.arrays, self.num_users, self.dim, gaussian=f.gaussian)
+            return validate_distributions(reply.arrays, self.num_users, self.dim, gaussian=f.gaussian,
+                                          max_abs_mu=f.max_abs_mu, max_sigma=f.max_sigma)
         except UploadRejected as exc:
             self.reject(server_round, f"node {reply.node_id}: {exc}")
             return None

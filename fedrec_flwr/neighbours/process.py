@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import atexit
+import os
+import secrets
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+
+from .service import ADMIN_TOKEN_ENV
 
 
 def _free_port() -> int:
@@ -16,12 +20,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_local_service(timeout_s: float = 20.0) -> tuple[str, subprocess.Popen]:
-    """Spawn `python -m fedrec_flwr.neighbours.service` on a free loopback port; stopped at exit."""
-    port = _free_port()
+def start_local_service(timeout_s: float = 20.0, extra_args: list[str] | None = None) -> tuple[str, subprocess.Popen, str]:
+    """Spawn `python -m fedrec_flwr.neighbours.service` on a free loopback port; stopped at exit.
+
+    Draws a fresh admin token and hands it over in the environment (not argv, which `ps` shows);
+    returns (address, process, admin token). `extra_args`: more service flags (limits).
+    """
+    port, token = _free_port(), secrets.token_hex(32)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fedrec_flwr.neighbours.service", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-m", "fedrec_flwr.neighbours.service", "--host", "127.0.0.1", "--port", str(port),
+         *(extra_args or [])],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, ADMIN_TOKEN_ENV: token},
     )
     atexit.register(proc.terminate)
     address = f"127.0.0.1:{port}"
@@ -32,7 +41,7 @@ def start_local_service(timeout_s: float = 20.0) -> tuple[str, subprocess.Popen]
         try:
             with urllib.request.urlopen(f"http://{address}/health", timeout=1) as resp:  # noqa: S310
                 if resp.status == 200:
-                    return address, proc
+                    return address, proc, token
         except OSError:
             time.sleep(0.1)
     proc.terminate()

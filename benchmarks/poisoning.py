@@ -1,0 +1,115 @@
+"""Poisoned uploads against the FedGNN server: final RMSE with and without the robust merge.
+
+    python -m benchmarks.poisoning [--preset quickstart] [--rounds 60] [--out benchmarks/results/poisoning.json]
+
+A seeded fraction of users (0, 10 or 20% of all users, so about that share of every round's sample)
+replace their protected upload by an attack:
+- `flip-at-bound` (inside the bounds): every coordinate set to -sign(honest value) x 0.99 x the LDP
+  coordinate bound, the largest push the server's bound check lets through;
+- `flip` (inside the bounds): the honest protected upload negated;
+- `scaled` (outside the bounds): the honest protected upload times 100.
+Each run uses the same seed, so it differs from the clean run only by the attack. Runs in-process
+through the same round core as `flwr run` (benchmarks.direct). Prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from datetime import date
+
+import numpy as np
+import torch
+
+from benchmarks.direct import run_direct
+from benchmarks.run import input_errors_exit
+from fedrec_flwr.config import load_config, parse_overrides
+from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.bounds import ldp_coordinate_bound
+
+ATTACKS = ("flip-at-bound", "flip", "scaled")
+
+
+def attack(kind: str, upload: list[np.ndarray], bound: float) -> list[np.ndarray]:
+    """The poisoned version of one user's protected upload [*model grads, ids, rows] (ids kept)."""
+    *grads, ids, rows = upload
+    if kind == "flip-at-bound":
+        def push(a):
+            return (-np.sign(a) * 0.99 * bound).astype(np.float32)
+    elif kind == "flip":
+        def push(a):
+            return -a
+    elif kind == "scaled":
+        def push(a):
+            return a * np.float32(100.0)
+    else:
+        raise ValueError(f"unknown attack {kind!r}; expected one of {ATTACKS}")
+    return [*(push(np.asarray(g)) for g in grads), ids, push(rows)]
+
+
+def poisoned_users(num_users: int, fraction: float, seed: int) -> set[int]:
+    """A seeded set of round(fraction x users) attackers."""
+    rng = np.random.default_rng([seed, 4243])
+    return set(rng.choice(num_users, size=int(round(fraction * num_users)), replace=False).tolist())
+
+
+def run_case(cfg, kind: str | None, fraction: float) -> dict:
+    """One run: its final RMSE and wall time."""
+    num_users = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
+    bad = set() if kind is None else poisoned_users(num_users, fraction, cfg.seed)
+
+    def tamper(user: int, rnd: int, upload: list[np.ndarray]) -> list[np.ndarray]:
+        if user not in bad:
+            return upload
+        coords = sum(np.asarray(a).size for i, a in enumerate(upload) if i != len(upload) - 2)
+        bound = ldp_coordinate_bound(cfg.privacy.clip_delta, cfg.privacy.noise_lambda, coords)
+        return attack(kind, upload, bound)
+
+    out = run_direct(cfg, log_every=0, tamper=None if kind is None else tamper)
+    return {"rmse": out["rmse"], "wall_seconds": round(out["wall_seconds"], 1)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the clean and poisoned cases for each merge and print the table."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="quickstart")
+    ap.add_argument("--dataset", default="")
+    ap.add_argument("--data-dir", default="data")
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--fractions", nargs="+", type=float, default=[0.1, 0.2])
+    ap.add_argument("--attacks", nargs="+", default=["flip-at-bound", "scaled"], choices=ATTACKS)
+    ap.add_argument("--merges", nargs="+", default=["mean", "median"])
+    ap.add_argument("--set", nargs="*", default=[])
+    ap.add_argument("--out", default="benchmarks/results/poisoning.json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = []
+    with input_errors_exit():
+        for merge in args.merges:
+            cfg = load_config(args.preset, args.dataset or None, [
+                f"data.data_dir={args.data_dir}", f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
+                f"federation.robust_merge={merge}", *parse_overrides(" ".join(args.set))])
+            cases = [(None, 0.0)] + [(k, f) for k in args.attacks for f in args.fractions]
+            for kind, fraction in cases:
+                t0 = time.time()
+                res = run_case(cfg, kind, fraction)
+                rows.append({"merge": merge, "attack": kind or "none", "fraction": fraction, **res})
+                print(f"[poisoning] merge={merge} attack={kind or 'none'} fraction={fraction:.0%} "
+                      f"rmse={res['rmse']:.4f} ({time.time() - t0:.0f}s)", flush=True)
+    clean = {r["merge"]: r["rmse"] for r in rows if r["attack"] == "none"}
+    for r in rows:
+        r["vs_clean"] = r["rmse"] - clean[r["merge"]]
+    doc = {"command": "python -m benchmarks.poisoning " + " ".join(argv or []), "date": str(date.today()),
+           "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread", "preset": args.preset,
+           "rounds": args.rounds, "rows": rows}
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print("| merge | attack | poisoned users | RMSE | vs clean |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['merge']} | {r['attack']} | {r['fraction']:.0%} | {r['rmse']:.4f} | {r['vs_clean']:+.4f} |")
+
+
+if __name__ == "__main__":
+    main()
