@@ -26,8 +26,8 @@ MODES = ("none", "trainable", "fixed")
 # changing any number (multiplexing is exact, see tests/test_fedgnn_protocol.py). `fixed`
 # expands after T epochs: T = 2 (the paper's) on ML-100K is after round 16 of 40; Douban's 3,000 users
 # make an epoch 24 rounds, so T = 1 there leaves 16 rounds with neighbours.
-_COMMON = ["server_opt.name=adam", "server_opt.lr=0.003", "server_opt.item_lr=0.01", "federation.loss=sum",
-           "federation.user_lr=0.1", "federation.user_steps=5", "simulation.users_per_node=8"]
+_COMMON = ["server_opt.name=adam", "server_opt.lr=0.003", "server_opt.item_lr=0.01", "local.loss=sum",
+           "local.user_lr=0.1", "local.user_steps=5", "simulation.users_per_node=8"]
 SETTINGS = {
     "ml-100k": [*_COMMON, "federation.rounds=40", "federation.eval_every=40", "expansion.epoch=2"],
     "douban": [*_COMMON, "federation.rounds=40", "federation.eval_every=40", "expansion.epoch=1"],

@@ -21,8 +21,8 @@ from benchmarks.run import main as run_main
 from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.results import load_results
 
-TUNED = ["server_opt.name=adam", "server_opt.lr=0.003", "federation.loss=sum", "federation.user_lr=0.1",
-         "federation.user_steps=5"]
+TUNED = ["server_opt.name=adam", "server_opt.lr=0.003", "local.loss=sum", "local.user_lr=0.1",
+         "local.user_steps=5"]
 FAULTS = ["faults.crash=0.15", "faults.straggle=0.02", "faults.straggle_seconds=10", "federation.round_timeout=8",
           "faults.malformed=0.05"]
 

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         for merge in args.merges:
             cfg = load_config(args.preset, args.dataset or None, [
                 f"data.data_dir={args.data_dir}", f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
-                f"federation.robust_merge={merge}", *parse_overrides(" ".join(args.set))])
+                f"merge.robust={merge}", *parse_overrides(" ".join(args.set))])
             cases = [(None, 0.0)] + [(k, f) for k in args.attacks for f in args.fractions]
             for kind, fraction in cases:
                 t0 = time.time()

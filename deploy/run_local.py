@@ -114,7 +114,7 @@ def deploy_and_run(algorithm: str, work: Path, rounds: int, nodes: int) -> dict:
         data_set = [f"data.synthetic.num_users={nodes}", "data.synthetic.num_items=60", "data.synthetic.mean_degree=12",
                     "data.synthetic.test_fraction=0.3", "model.dim=16", "privacy.pseudo_items=20"]
         run_set = [*data_set, f"federation.rounds={rounds}", f"federation.clients_per_round={nodes}",
-                   "federation.min_clients=2", f"federation.min_nodes={nodes + 1}", "federation.eval_every=1",
+                   "federation.min_clients=2", f"deployment.min_nodes={nodes + 1}", "federation.eval_every=1",
                    "expansion.mode=fixed", "expansion.epoch=1", "faults.malformed=0.3"]
         files = [data / f"user-{i}.npz" for i in range(nodes)]
     else:

@@ -74,37 +74,54 @@ class PrivacyConfig:
     ldp: bool = True
     clip_delta: float = 0.1
     noise_lambda: float = 0.2
+    delta: float = 1e-5  # the delta at which the accounted (epsilon, delta) budgets are reported
 
 
 @dataclass
 class FederationConfig:
-    """Round structure of a federated run."""
+    """Round structure of a federated run (FedGNN and FPPDM)."""
 
     rounds: int = 30
     clients_per_round: int = 128
-    min_clients: int = 2
-    local_steps: int = 1
-    batch_size: int = 64
-    user_lr: float = 0.01
-    user_steps: int = 1  # SGD steps on the private user embedding per round (>= 1)
+    min_clients: int = 2  # a round with fewer accepted updates leaves the model unchanged
     eval_every: int = 5
-    # server side: subtract each upload's mean row before merging. Pseudo rows share the real
-    # rows' mean, so unbiased pseudo rows would otherwise push every item of the anonymity set
-    center_uploads: bool = False
-    trivial_payload_floats: int = 16  # payload of the `trivial` baseline job, per client
-    item_merge: str = "clients"  # "clients": divide by |S| (paper); "count": per-item count
-    loss: str = "mean"  # uploaded gradients of the "mean" or "sum" of squared errors over the mini-batch
     round_timeout: float = 0.0  # seconds a round waits for replies (0: no limit); late clients count as failures
-    min_nodes: int = 0  # FedGNN registration waits for this many SuperNodes (deployment: devices connect over time)
-    node_wait_seconds: float = 300.0  # how long round 1 waits for the expected SuperNodes before failing
     eval_fraction: float = 1.0  # share of users (seeded sample) that evaluate; 1.0: every user
-    # server-side bound on the L2 norm of one user's upload (model gradients and item rows together) when
-    # privacy.ldp is off (0: no bound). With LDP on the bound is the mechanism's own (see fedgnn.bounds)
-    upload_norm_bound: float = 0.0
-    # merge of the accepted uploads: "mean" (the paper's FedAvg), or coordinate-wise "median" or
-    # "trimmed" mean (dropping trim_fraction of the values at each end) for robustness to poisoning
-    robust_merge: str = "mean"
+
+
+@dataclass
+class LocalTrainingConfig:
+    """FedGNN on the device: what each sampled user computes before it protects its upload."""
+
+    steps: int = 1  # mini-batch gradient steps per round, averaged into one upload
+    batch_size: int = 64
+    loss: str = "mean"  # uploaded gradients of the "mean" or "sum" of squared errors over the mini-batch
+    user_lr: float = 0.01  # SGD rate of the private user embedding
+    user_steps: int = 1  # SGD steps on the private user embedding per round (>= 1; no privacy cost)
+
+
+@dataclass
+class MergeConfig:
+    """FedGNN on the server: how the accepted uploads are bounded and combined."""
+
+    items: str = "clients"  # item rows: "clients" divides by |S| (paper); "count" by the item's own count
+    # subtract each upload's mean row before merging. Pseudo rows share the real rows' mean, so
+    # unbiased pseudo rows would otherwise push every item of the anonymity set
+    center_uploads: bool = False
+    # "mean" (the paper's FedAvg), or coordinate-wise "median" or "trimmed" mean (dropping
+    # trim_fraction of the values at each end), for model gradients and each item's rows
+    robust: str = "mean"
     trim_fraction: float = 0.1
+    # bound on the L2 norm of one user's upload (model gradients and item rows together) when
+    # privacy.ldp is off (0: no bound). With LDP on the bound is the mechanism's own (fedgnn.bounds)
+    upload_norm_bound: float = 0.0
+
+
+@dataclass
+class TrivialConfig:
+    """The `trivial` overhead baseline."""
+
+    payload_floats: int = 16  # floats each client echoes per round
 
 
 @dataclass
@@ -124,6 +141,8 @@ class DeploymentConfig:
     # JSON file {node id: [user ids]} (FedGNN) written by the operator from the node ids that
     # `flwr supernode register --format json` printed; nodes not listed register nobody
     node_list: str = ""
+    min_nodes: int = 0  # registration waits for this many SuperNodes (devices connect over time)
+    node_wait_seconds: float = 300.0  # how long round 1 waits for the expected SuperNodes before failing
 
 
 @dataclass
@@ -237,6 +256,8 @@ class AppConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
+    local: LocalTrainingConfig = field(default_factory=LocalTrainingConfig)
+    merge: MergeConfig = field(default_factory=MergeConfig)
     server_opt: ServerOptConfig = field(default_factory=ServerOptConfig)
     expansion: ExpansionConfig = field(default_factory=ExpansionConfig)
     centralized: CentralizedConfig = field(default_factory=CentralizedConfig)
@@ -244,15 +265,16 @@ class AppConfig:
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    trivial: TrivialConfig = field(default_factory=TrivialConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm": tuple(ALGORITHMS),
     "model.gnn": ("gat", "gcn", "ggnn"),
-    "federation.item_merge": ("clients", "count"),
-    "federation.loss": ("mean", "sum"),
-    "federation.robust_merge": ("mean", "median", "trimmed"),
+    "merge.items": ("clients", "count"),
+    "local.loss": ("mean", "sum"),
+    "merge.robust": ("mean", "median", "trimmed"),
     "server_opt.name": ("sgd", "adam"),
     "expansion.mode": ("none", "fixed", "trainable"),
     "simulation.device": ("auto", "cpu", "cuda"),
@@ -301,6 +323,7 @@ _RANGES: dict[str, Range] = {
     "data.synthetic.noise_std": _NON_NEGATIVE,
     "data.synthetic.test_fraction": Range(0, 1, open_high=True, text="0 <= fraction < 1"),
     "model.init_std": _POSITIVE,
+    "privacy.delta": Range(0, 1, open_low=True, open_high=True, text="0 < delta < 1"),
     "fppdm.max_abs_mu": _POSITIVE,
     "fppdm.max_sigma": _POSITIVE,
     "model.dim": _AT_LEAST_ONE,
@@ -312,17 +335,17 @@ _RANGES: dict[str, Range] = {
     "federation.rounds": _AT_LEAST_ONE,
     "federation.clients_per_round": _AT_LEAST_ONE,
     "federation.min_clients": _AT_LEAST_ONE,  # and <= clients_per_round (checked in _validate)
-    "federation.local_steps": _AT_LEAST_ONE,
-    "federation.batch_size": _AT_LEAST_ONE,
-    "federation.user_lr": _POSITIVE,
-    "federation.user_steps": _AT_LEAST_ONE,
+    "local.steps": _AT_LEAST_ONE,
+    "local.batch_size": _AT_LEAST_ONE,
+    "local.user_lr": _POSITIVE,
+    "local.user_steps": _AT_LEAST_ONE,
     "federation.eval_every": _AT_LEAST_ONE,
-    "federation.trivial_payload_floats": _AT_LEAST_ONE,
+    "trivial.payload_floats": _AT_LEAST_ONE,
     "federation.round_timeout": _NON_NEGATIVE,  # 0: no limit
-    "federation.upload_norm_bound": _NON_NEGATIVE,  # 0: no bound
-    "federation.trim_fraction": Range(0, 0.5, open_high=True, text="0 <= fraction < 0.5"),
-    "federation.min_nodes": _NON_NEGATIVE,
-    "federation.node_wait_seconds": _NON_NEGATIVE,
+    "merge.upload_norm_bound": _NON_NEGATIVE,  # 0: no bound
+    "merge.trim_fraction": Range(0, 0.5, open_high=True, text="0 <= fraction < 0.5"),
+    "deployment.min_nodes": _NON_NEGATIVE,
+    "deployment.node_wait_seconds": _NON_NEGATIVE,
     "federation.eval_fraction": Range(0, 1, open_low=True, text="0 < fraction <= 1 (some users must evaluate)"),
     "simulation.users_per_node": _AT_LEAST_ONE,
     "simulation.num_cpus": _NON_NEGATIVE,

@@ -112,7 +112,7 @@ def trivial_components(cfg) -> ServerAppComponents:
     """The baseline job: FedAvg over an echoed vector, for Flower's own per-round overhead."""
     recorder = RunRecorder(cfg.output_dir, "trivial", cfg.data.name, to_dict(cfg))
     strategy = TimedFedAvg(recorder, cfg.federation.clients_per_round, cfg.federation.rounds,
-                           trivial_parameters(cfg.federation.trivial_payload_floats))
+                           trivial_parameters(cfg.trivial.payload_floats))
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.federation.rounds))
 
 

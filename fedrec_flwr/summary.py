@@ -30,11 +30,15 @@ def summarize(path: str) -> str:
         if rmse is not None:
             best = best_trivial(baselines)
             lines.append(f"  model {rmse:.4f} is {100 * (1 - rmse / best):.1f}% below the best trivial baseline ({best:.4f})")
-    privacy = doc.get("config", {}).get("privacy", {})
-    if doc["algorithm"] == "fedgnn" and privacy.get("ldp"):
-        eps = 2 * privacy["clip_delta"] / privacy["noise_lambda"]
-        lines.append(f"  privacy: LDP epsilon {eps:g} per coordinate per upload (clip {privacy['clip_delta']:g}, "
-                     f"Laplace scale {privacy['noise_lambda']:g}); {privacy['pseudo_items']} pseudo items per upload")
+    budget = doc.get("privacy")
+    if budget:
+        up, run = budget["per_upload"], budget["per_user_run"]
+        lines.append(f"  privacy ({budget['neighbouring']}; tight = RDP at delta {budget['delta']:g}):")
+        lines.append(f"    epsilon {budget['epsilon_per_coordinate_per_upload']:g} per coordinate of one upload")
+        lines.append(f"    one upload ({up['coordinates']:,} coordinates): {up['basic']:.4g} basic, {up['tight']:.4g} tight")
+        for which in ("median", "max"):
+            r = run[which]
+            lines.append(f"    {which} user over the run ({r['uploads']} uploads): {r['basic']:.4g} basic, {r['tight']:.4g} tight")
     if up:
         lines.append(f"  per client per round: {sum(up) / len(up) / 1e6:.3f} MB up, {sum(down) / len(down) / 1e6:.3f} MB down")
     lines.append(f"  results: {path}/results.json")

@@ -125,7 +125,7 @@ class FedGNNStrategy(FedAvg):
         self.bytes_down = 0.0
         phase = self.phase(server_round)
         if phase == PHASE_REGISTER:
-            wait_for_nodes(client_manager, self.cfg.federation.min_nodes, self.cfg.federation.node_wait_seconds)
+            wait_for_nodes(client_manager, self.cfg.deployment.min_nodes, self.cfg.deployment.node_wait_seconds)
             ins = FitIns(ndarrays_to_parameters([]), self._round_config(server_round))
             return [(c, ins) for c in client_manager.all().values()]
         nodes = self._registered_nodes(client_manager)

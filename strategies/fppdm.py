@@ -44,7 +44,7 @@ class WassersteinBarycenterStrategy(FedAvg):
         """Every domain trains every round, towards the global distributions of its own users."""
         self.round_started = time.time()
         if server_round == 1:  # deployment: domains connect in their own time; wait for all of them
-            wait_for_nodes(client_manager, self.num_domains, self.cfg.federation.node_wait_seconds)
+            wait_for_nodes(client_manager, self.num_domains, self.cfg.deployment.node_wait_seconds)
         return [(c, FitIns(ndarrays_to_parameters(self.rounds.download(c.node_id)), {"round": server_round}))
                 for c in client_manager.all().values()]
 

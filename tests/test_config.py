@@ -91,7 +91,7 @@ def test_a_preset_inherits_from_its_base_and_overrides_it():
     assert tuned.preset == "fedgnn_tuned" and tuned.algorithm == "fedgnn"
     assert (tuned.privacy.pseudo_items, tuned.privacy.clip_delta, tuned.privacy.noise_lambda) == (1000, 0.1, 0.2)
     assert tuned.model.dim == paper.model.dim == 256 and tuned.federation.clients_per_round == 128
-    assert (tuned.model.gnn, tuned.server_opt.name, tuned.federation.batch_size) == ("ggnn", "adam", 1000)
+    assert (tuned.model.gnn, tuned.server_opt.name, tuned.local.batch_size) == ("ggnn", "adam", 1000)
     assert (paper.model.gnn, paper.server_opt.name) == ("gat", "sgd")  # the paper preset is untouched
     features = load_config("fedgnn_features", "ml-100k")
     assert features.data.item_features and not tuned.data.item_features and not paper.data.item_features
@@ -115,7 +115,7 @@ def test_a_broken_preset_chain_is_named(tmp_path, monkeypatch):
 def test_a_preset_can_carry_settings_for_one_dataset():
     """conf/<preset>/<dataset>.yaml applies to that preset on that dataset only, under the overrides."""
     douban = load_config("fedgnn_tuned", "douban")
-    assert (douban.federation.rounds, douban.federation.user_steps, douban.server_opt.lr_decay) == (200, 5, 0.99)
+    assert (douban.federation.rounds, douban.local.user_steps, douban.server_opt.lr_decay) == (200, 5, 0.99)
     assert load_config("fedgnn_tuned", "ml-100k").federation.rounds == 300
     assert load_config("fedgnn", "douban").federation.rounds == load_config("fedgnn", "ml-100k").federation.rounds
     assert load_config("fedgnn_tuned", "douban", ["federation.rounds=7"]).federation.rounds == 7

@@ -40,7 +40,7 @@ def _outside(key: str) -> list[str]:
 
 def test_every_numeric_key_has_a_range_rule():
     keys = numeric_keys()
-    assert {"seed", "data.synthetic.degree_exponent", "fppdm.topk", "federation.node_wait_seconds"} <= set(keys)
+    assert {"seed", "data.synthetic.degree_exponent", "fppdm.topk", "deployment.node_wait_seconds"} <= set(keys)
     assert sorted(set(keys) - set(_RANGES)) == [], "numeric config keys without a rule in config._RANGES"
     assert sorted(set(_RANGES) - set(keys)) == [], "rules in config._RANGES for keys that do not exist"
 
@@ -70,14 +70,14 @@ def test_every_bounded_key_refuses_a_value_outside_its_range(key):
     ("federation.min_clients=129", "'federation.min_clients' = 129; expected <= federation.clients_per_round (128)"),
     ("expansion.retries=-1", "'expansion.retries' = -1; expected >= 0"),
     ("server_opt.momentum=1.0", "'server_opt.momentum' = 1.0; expected 0 <= momentum < 1"),
-    ("federation.user_lr=0", "'federation.user_lr' = 0.0; expected > 0"),
+    ("local.user_lr=0", "'local.user_lr' = 0.0; expected > 0"),
     ("centralized.lr=-0.1", "'centralized.lr' = -0.1; expected > 0"),
     ("data.synthetic.degree_exponent=1.0", "'data.synthetic.degree_exponent' = 1.0; expected > 1"),
     ("data.synthetic.test_fraction=1.0", "'data.synthetic.test_fraction' = 1.0; expected 0 <= fraction < 1"),
     ("fppdm.key_bits=511", "'fppdm.key_bits' = 511; expected >= 512"),
     ("fppdm.topk=[]", "'fppdm.topk' = []; expected a non-empty list"),
     ("fppdm.topk=[5,0]", "'fppdm.topk' = [5, 0]; expected every element >= 1"),
-    ("federation.node_wait_seconds=-1", "'federation.node_wait_seconds' = -1.0; expected >= 0"),
+    ("deployment.node_wait_seconds=-1", "'deployment.node_wait_seconds' = -1.0; expected >= 0"),
 ])
 def test_range_errors_name_the_key_and_the_range(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -112,7 +112,7 @@ def test_run_config_errors_name_the_run_config_key(run_config, message):
 
 @pytest.mark.parametrize("override, key", [
     ("model.colour=3", "model.colour"), ("federation.rounds=many", "federation.rounds"),
-    ("fppdm.topk=[a]", "fppdm.topk"), ("federation.user_lr=nan", "federation.user_lr"),
+    ("fppdm.topk=[a]", "fppdm.topk"), ("local.user_lr=nan", "local.user_lr"),
 ])
 def test_each_error_is_one_line_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:

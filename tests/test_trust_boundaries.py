@@ -36,7 +36,7 @@ def test_honest_ldp_uploads_pass_and_out_of_range_ones_are_refused(tiny_cfg):
 
 
 def test_without_ldp_the_operator_norm_bound_applies(tiny_cfg):
-    cfg = tiny_cfg("privacy.ldp=false", "federation.upload_norm_bound=10")
+    cfg = tiny_cfg("privacy.ldp=false", "merge.upload_norm_bound=10")
     check_upload_bounds(cfg, [np.full(16, 2.0, np.float32)])  # norm 8
     with pytest.raises(UploadRejected, match="upload_norm_bound"):
         check_upload_bounds(cfg, [np.full(16, 3.0, np.float32)])  # norm 12
@@ -127,7 +127,7 @@ def test_robust_location_resists_a_poisoned_minority():
 
 def test_a_robust_merge_round_ignores_one_scaled_upload(tiny_cfg):
     """One user sends a huge (unbounded: LDP off) gradient; the median merge moves the model as the honest ones do."""
-    cfg = tiny_cfg("privacy.ldp=false", "federation.robust_merge=median", "federation.min_clients=1")
+    cfg = tiny_cfg("privacy.ldp=false", "merge.robust=median", "federation.min_clients=1")
     rounds = _rounds(cfg)
     shapes = rounds.server.model_shapes
     rng = np.random.default_rng(0)

@@ -37,8 +37,8 @@ def check_upload_bounds(cfg: AppConfig, arrays: list[np.ndarray]) -> None:
         if peak > bound:
             raise UploadRejected(f"a coordinate of {peak:.3g} exceeds the LDP bound {bound:.3g} "
                                  f"(clip {privacy.clip_delta:g} + Laplace({privacy.noise_lambda:g}) tail)")
-    elif cfg.federation.upload_norm_bound:
+    elif cfg.merge.upload_norm_bound:
         norm = math.sqrt(math.fsum(float(np.square(a, dtype=np.float64).sum()) for a in arrays))
-        if norm > cfg.federation.upload_norm_bound:
-            raise UploadRejected(f"upload L2 norm {norm:.3g} exceeds federation.upload_norm_bound "
-                                 f"{cfg.federation.upload_norm_bound:g}")
+        if norm > cfg.merge.upload_norm_bound:
+            raise UploadRejected(f"upload L2 norm {norm:.3g} exceeds merge.upload_norm_bound "
+                                 f"{cfg.merge.upload_norm_bound:g}")

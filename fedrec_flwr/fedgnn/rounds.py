@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 from fedrec_flwr.config import AppConfig
+from fedrec_flwr.fedgnn.accounting import budget
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN, array_bytes, frame_download, split_upload
 from fedrec_flwr.fedgnn.registry import UserRegistry
@@ -222,12 +223,23 @@ class FedGNNRounds:
         counts = self.uploads[registered] if registered else np.zeros(1, np.int64)
         return {"max": int(counts.max()), "median": float(np.median(counts)), "total": int(self.uploads.sum())}
 
+    def privacy_budget(self) -> dict | None:
+        """The accounted LDP budget of the run so far (fedgnn.accounting), or None without LDP."""
+        p = self.cfg.privacy
+        if not p.ldp:
+            return None
+        users = sorted(self.server.registry)
+        model = sum(int(np.prod(s)) for s in self.server.model_shapes)
+        coordinates = np.array([model + self.server.registry[u].size * self.cfg.model.dim for u in users], np.int64)
+        return budget(p.clip_delta, p.noise_lambda, coordinates, self.uploads[users], p.delta)
+
     def finish(self) -> None:
-        """Write the final metrics, rejections and per-user upload counts, and print the run summary."""
+        """Write the final metrics, rejections, upload counts and privacy budget; print the run summary."""
         if self.recorder is None or self.recorder.finished:
             return
         extra = {"rejections": [{"round": r, "reason": why} for r, why in self.rejections],
-                 "eval_rejected": self.eval_rejections, "uploads_per_user": self.upload_counts()}
+                 "eval_rejected": self.eval_rejections, "uploads_per_user": self.upload_counts(),
+                 "privacy": self.privacy_budget()}
         path = self.recorder.finish(dict(self.final), extra)
         train = [h for h in self.recorder.history() if h.get("phase") == PHASE_TRAIN]
         summary = {

@@ -225,21 +225,21 @@ class FedGNNServer:
         updates = sorted(updates, key=lambda u: u.user)
         s = len(updates)
         self.model_opt.zero_grad()
-        fed = self.cfg.federation
+        merge = self.cfg.merge
         for i, p in enumerate(self.model.parameters()):
-            if fed.robust_merge == "mean":
+            if merge.robust == "mean":
                 mean = np.asarray(sum(u.grads[i].astype(np.float64) for u in updates) / s, np.float32)
             else:
                 stack = np.stack([u.grads[i].astype(np.float64) for u in updates])
-                mean = np.asarray(robust_location(stack, fed.robust_merge, fed.trim_fraction), np.float32)
+                mean = np.asarray(robust_location(stack, merge.robust, merge.trim_fraction), np.float32)
             p.grad = torch.from_numpy(mean).reshape(p.shape).to(self.device)
         self.model_opt.step()
-        uploads = [(u.ids, u.rows - u.rows.mean(0) if fed.center_uploads else u.rows) for u in updates]
-        if fed.robust_merge == "mean":
-            ids, rows = merge_item_gradients(uploads, self.num_items, self.cfg.model.dim, fed.item_merge)
+        uploads = [(u.ids, u.rows - u.rows.mean(0) if merge.center_uploads else u.rows) for u in updates]
+        if merge.robust == "mean":
+            ids, rows = merge_item_gradients(uploads, self.num_items, self.cfg.model.dim, merge.items)
         else:
-            ids, rows = robust_merge_items(uploads, self.num_items, self.cfg.model.dim, fed.item_merge,
-                                           fed.robust_merge, fed.trim_fraction)
+            ids, rows = robust_merge_items(uploads, self.num_items, self.cfg.model.dim, merge.items,
+                                           merge.robust, merge.trim_fraction)
         self.item_opt.zero_grad()
         index = torch.from_numpy(ids)[None, :].to(self.device)
         # merged ids are sorted, unique and in range (flatnonzero of a count over validated ids): skip the check

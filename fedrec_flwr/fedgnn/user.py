@@ -130,26 +130,26 @@ def local_gradients(
     grad_sum = [torch.zeros_like(p) for p in params]
     row_grad = torch.zeros_like(items_x)
     losses = []
-    for _ in range(cfg.federation.local_steps):
-        pick = torch.from_numpy(rng.permutation(data.train_items.size)[: cfg.federation.batch_size]).to(device)
+    for _ in range(cfg.local.steps):
+        pick = torch.from_numpy(rng.permutation(data.train_items.size)[: cfg.local.batch_size]).to(device)
         pred, _ = model(batch, user_x, model.item_input(items_x, features), None, neigh_x)
         loss = torch.mean((pred[pick] - targets[pick]) ** 2)
         grads = torch.autograd.grad(loss, [*params, items_x, user_x])
-        # uploads carry the gradient of the summed loss when federation.loss = "sum": per-row
+        # uploads carry the gradient of the summed loss when local.loss = "sum": per-row
         # gradients then use the clip range instead of drowning in the LDP noise
-        scale = float(pick.numel()) if cfg.federation.loss == "sum" else 1.0
+        scale = float(pick.numel()) if cfg.local.loss == "sum" else 1.0
         for acc, g in zip(grad_sum, grads[: len(params)]):
             acc += scale * g
         row_grad += scale * grads[len(params)]
         with torch.no_grad():  # the private embedding always follows the mean loss
-            user_x -= cfg.federation.user_lr * grads[-1]
+            user_x -= cfg.local.user_lr * grads[-1]
         losses.append(loss.item())
-    for _ in range(cfg.federation.user_steps - 1):  # extra private steps: personalisation costs no privacy
+    for _ in range(cfg.local.user_steps - 1):  # extra private steps: personalisation costs no privacy
         pred, _ = model(batch, user_x, model.item_input(items_x, features).detach(), None, neigh_x)
         (g_user,) = torch.autograd.grad(torch.mean((pred - targets) ** 2), [user_x])
         with torch.no_grad():
-            user_x -= cfg.federation.user_lr * g_user
-    steps = cfg.federation.local_steps
+            user_x -= cfg.local.user_lr * g_user
+    steps = cfg.local.steps
     return (
         [(g / steps).cpu().numpy() for g in grad_sum],
         (row_grad / steps).cpu().numpy(),
