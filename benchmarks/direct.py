@@ -64,7 +64,7 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
                 upload += part if tamper is None else tamper(u, rnd, part)
             replies.append(NodeReply(node, upload))
         out = rounds.train(rnd, replies, [], t0, 0.0)
-        rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": out["accepted"]}
+        rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": out["accepted"], "rejected": out["rejected"]}
         if rounds.is_eval_round(rnd - 1 == cfg.federation.rounds):
             weights = server.model_weights()
 
@@ -91,7 +91,8 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
     train_secs = [h["round_seconds"] for h in history]
     return {"rmse": history[-1].get("rmse"), "median_round_seconds": float(np.median(train_secs)),
             "clients_per_second": cfg.federation.clients_per_round / float(np.median(train_secs)),
-            "wall_seconds": time.time() - t_start, "uploads_per_user": rounds.upload_counts(), "history": history}
+            "wall_seconds": time.time() - t_start, "uploads_per_user": rounds.upload_counts(),
+            "rejected": sum(h["rejected"] for h in history), "history": history}
 
 
 def main() -> None:

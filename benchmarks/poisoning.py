@@ -56,19 +56,24 @@ def poisoned_users(num_users: int, fraction: float, seed: int) -> set[int]:
 
 
 def run_case(cfg, kind: str | None, fraction: float) -> dict:
-    """One run: its final RMSE and wall time."""
+    """One run: its final RMSE, how many uploads were poisoned and how many the server rejected."""
     num_users = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
     bad = set() if kind is None else poisoned_users(num_users, fraction, cfg.seed)
+
+    sent = []
 
     def tamper(user: int, rnd: int, upload: list[np.ndarray]) -> list[np.ndarray]:
         if user not in bad:
             return upload
+        sent.append((user, rnd))
         coords = sum(np.asarray(a).size for i, a in enumerate(upload) if i != len(upload) - 2)
         bound = ldp_coordinate_bound(cfg.privacy.clip_delta, cfg.privacy.noise_lambda, coords)
         return attack(kind, upload, bound)
 
     out = run_direct(cfg, log_every=0, tamper=None if kind is None else tamper)
-    return {"rmse": out["rmse"], "wall_seconds": round(out["wall_seconds"], 1)}
+    out["poisoned_uploads"] = len(sent)
+    return {"rmse": out["rmse"], "rejected": out["rejected"], "poisoned_uploads": out["poisoned_uploads"],
+            "wall_seconds": round(out["wall_seconds"], 1)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
                 res = run_case(cfg, kind, fraction)
                 rows.append({"merge": merge, "attack": kind or "none", "fraction": fraction, **res})
                 print(f"[poisoning] merge={merge} attack={kind or 'none'} fraction={fraction:.0%} "
-                      f"rmse={res['rmse']:.4f} ({time.time() - t0:.0f}s)", flush=True)
+                      f"rmse={res['rmse']:.4f} poisoned={res['poisoned_uploads']} rejected={res['rejected']} "
+                      f"({time.time() - t0:.0f}s)", flush=True)
     clean = {r["merge"]: r["rmse"] for r in rows if r["attack"] == "none"}
     for r in rows:
         r["vs_clean"] = r["rmse"] - clean[r["merge"]]
@@ -106,9 +112,10 @@ def main(argv: list[str] | None = None) -> None:
            "rounds": args.rounds, "rows": rows}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
-    print("| merge | attack | poisoned users | RMSE | vs clean |\n|---|---|---|---|---|")
+    print("| merge | attack | poisoned users | poisoned uploads | rejected | RMSE | vs clean |\n|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['merge']} | {r['attack']} | {r['fraction']:.0%} | {r['rmse']:.4f} | {r['vs_clean']:+.4f} |")
+        print(f"| {r['merge']} | {r['attack']} | {r['fraction']:.0%} | {r['poisoned_uploads']} | {r['rejected']} | "
+              f"{r['rmse']:.4f} | {r['vs_clean']:+.4f} |")
 
 
 if __name__ == "__main__":

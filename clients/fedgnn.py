@@ -22,7 +22,7 @@ from fedrec_flwr.fedgnn.protocol import (
 )
 from fedrec_flwr.fedgnn.user import FedGNNUser, UserStore
 from fedrec_flwr.models import build_model
-from fedrec_flwr.privacy import epsilon
+from fedrec_flwr.fedgnn.accounting import epsilon_per_coordinate
 
 
 class FedGNNClient(NumPyClient):
@@ -62,8 +62,9 @@ class FedGNNClient(NumPyClient):
         upload = [users_array(users)]
         for u, r in zip(users, rows):
             upload += self._user(int(u)).train(weights, r, rc.round, rc)
-        eps = epsilon(self.cfg.privacy.clip_delta, self.cfg.privacy.noise_lambda) if self.cfg.privacy.ldp else float("inf")
-        return upload, len(users), {"phase": PHASE_TRAIN, "epsilon": eps}
+        p = self.cfg.privacy
+        eps = epsilon_per_coordinate(p.clip_delta, p.noise_lambda) if p.ldp else float("inf")
+        return upload, len(users), {"phase": PHASE_TRAIN, "epsilon_per_coordinate": eps}
 
     def evaluate(self, parameters, config):
         """Squared and absolute error sums over the requested users' own test ratings."""

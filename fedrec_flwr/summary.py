@@ -32,10 +32,10 @@ def summarize(path: str) -> str:
             lines.append(f"  model {rmse:.4f} is {100 * (1 - rmse / best):.1f}% below the best trivial baseline ({best:.4f})")
     budget = doc.get("privacy")
     if budget:
-        up, run = budget["per_upload"], budget["per_user_run"]
+        one, run = budget["per_upload"], budget["per_user_run"]
         lines.append(f"  privacy ({budget['neighbouring']}; tight = RDP at delta {budget['delta']:g}):")
         lines.append(f"    epsilon {budget['epsilon_per_coordinate_per_upload']:g} per coordinate of one upload")
-        lines.append(f"    one upload ({up['coordinates']:,} coordinates): {up['basic']:.4g} basic, {up['tight']:.4g} tight")
+        lines.append(f"    one upload ({one['coordinates']:,} coordinates): {one['basic']:.4g} basic, {one['tight']:.4g} tight")
         for which in ("median", "max"):
             r = run[which]
             lines.append(f"    {which} user over the run ({r['uploads']} uploads): {r['basic']:.4g} basic, {r['tight']:.4g} tight")

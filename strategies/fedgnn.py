@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from flwr.common import EvaluateIns, FitIns, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import EvaluateIns, FitIns, Parameters, ndarrays_to_parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
@@ -29,16 +28,9 @@ from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.results import RunRecorder, records_failure
-from strategies.nodes import wait_for_nodes
+from strategies.nodes import decode_replies, wait_for_nodes
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
-
-
-@dataclass(frozen=True)
-class _Resume:
-    """Where a resumed run continues: the logical round its checkpoint was written after."""
-
-    done: int
 
 
 class FedGNNStrategy(FedAvg):
@@ -152,7 +144,7 @@ class FedGNNStrategy(FedAvg):
         phase, logical = self.phase(server_round), self.logical(server_round)
         if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
             return self._finish_expansion(logical, phase, results, failures)
-        replies = [NodeReply(proxy.node_id, parameters_to_ndarrays(res.parameters)) for proxy, res in results]
+        replies = decode_replies(results, lambda why: self.rounds.reject(logical, why))
         reasons = [f"{f if isinstance(f, BaseException) else 'error result'}" for f in failures]
         if phase == PHASE_REGISTER:
             for why in reasons:
@@ -160,7 +152,8 @@ class FedGNNStrategy(FedAvg):
             self.rounds.register(logical, replies, self.round_started)
             return ndarrays_to_parameters(self.server.model_weights()), {}
         record = self.rounds.train(logical, replies, reasons, self.round_started, self.bytes_down)
-        self._maybe_checkpoint(server_round)
+        if not self._is_eval_round(server_round):  # eval rounds checkpoint after their evaluation
+            self._maybe_checkpoint(server_round)
         metrics = {k: v for k, v in record.items() if isinstance(v, (int, float))}
         return ndarrays_to_parameters(self.server.model_weights()), metrics
 
@@ -202,6 +195,8 @@ class FedGNNStrategy(FedAvg):
         """RMSE = sqrt(sum SSE / sum n) over the accepted replies; MAE likewise."""
         replies = [NodeReply(proxy.node_id, metrics=dict(res.metrics)) for proxy, res in results]
         metrics = self.rounds.evaluate(self.logical(server_round), replies, len(failures))
+        if self.phase(server_round) == PHASE_TRAIN:
+            self._maybe_checkpoint(server_round)
         if server_round == self.num_rounds:
             self.rounds.finish()
             if self.expansion is not None and self.expansion.close_run is not None:

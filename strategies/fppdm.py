@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import time
 
-from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters
 from flwr.server.strategy import FedAvg
 
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.fppdm.rounds import FPPDMRounds
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.results import RunRecorder
-from strategies.nodes import wait_for_nodes
+from strategies.nodes import decode_replies, wait_for_nodes
 
 
 class WassersteinBarycenterStrategy(FedAvg):
@@ -50,7 +50,7 @@ class WassersteinBarycenterStrategy(FedAvg):
 
     def aggregate_fit(self, server_round, results, failures):
         """Hand the uploads to the round core; rejected ones are logged and counted, never averaged in."""
-        replies = [NodeReply(proxy.node_id, parameters_to_ndarrays(res.parameters)) for proxy, res in results]
+        replies = decode_replies(results, lambda why: self.rounds.reject(server_round, why))
         record = self.rounds.train(server_round, replies, [str(f) for f in failures], self.round_started)
         return ndarrays_to_parameters([]), {k: v for k, v in record.items() if isinstance(v, (int, float))}
 

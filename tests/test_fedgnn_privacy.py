@@ -67,7 +67,7 @@ def test_upload_hides_embedding_ratings_and_count(tiny_cfg):
     weights, rows = _payload(cfg, meta, store.load(5))
     upload, n, metrics = client.fit([*weights, np.array([5]), rows], {"phase": PHASE_TRAIN, "round": 2})
     emb = store.load(5).embedding
-    assert n == 1 and set(metrics) == {"phase", "epsilon"}  # no rating count, no loss
+    assert n == 1 and set(metrics) == {"phase", "epsilon_per_coordinate"}  # no rating count, no loss
     assert upload[0].tolist() == [5]  # the framing names the user, whom the server knows anyway
     upload = upload[1:]
     assert np.array_equal(upload[-2], np.sort(upload[-2]))  # ids sorted: position marks nothing
@@ -82,7 +82,7 @@ def test_upload_hides_embedding_ratings_and_count(tiny_cfg):
             if f.size >= window:
                 strided = np.lib.stride_tricks.sliding_window_view(f, window)
                 assert not np.all(np.isclose(strided, secret), axis=1).any(), "ratings appear in the upload"
-    assert metrics["epsilon"] == pytest.approx(2 * 0.1 / 0.2)
+    assert metrics["epsilon_per_coordinate"] == pytest.approx(2 * 0.1 / 0.2)
 
 
 def test_attacker_cannot_separate_real_from_pseudo_rows(tiny_cfg):

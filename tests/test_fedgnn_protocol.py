@@ -180,3 +180,30 @@ def test_bias_vectors_are_learned_as_shared_model_weights(tiny_cfg):
     train = [r for r in strategy.recorder.history() if r.get("phase") == "train"]
     assert all(r["accepted"] == 12 and r["rejected"] == 0 for r in train)
     assert np.isfinite(strategy.rounds.final["rmse"])
+
+
+def test_undecodable_uploads_and_unsampled_users_are_rejected_not_fatal(tiny_cfg):
+    """A node that sends pickled objects, or uploads for a user it hosts but nobody sampled, is
+    refused and counted; the round goes on with the honest nodes."""
+    from flwr.common import Parameters
+
+    cfg = _hosting(tiny_cfg(*SMALL, "federation.clients_per_round=4"), 30)
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users,
+                              rating_span=4.0)
+    nodes = _nodes(cfg, parts, 30, 1)
+    drive(strategy, nodes, last_round=1)
+    (proxy, fit_ins), *_ = strategy.configure_fit(2, None, Manager(nodes))
+    arrays, n, m = nodes[proxy.node_id].fit(parameters_to_ndarrays(fit_ins.parameters), fit_ins.config)
+    sampled = set(arrays[0].tolist())
+    other = next(u for u in strategy.registry.live_users({proxy.node_id}) if u not in sampled)
+    per_user = (len(arrays) - 1) // len(sampled)
+    forged = [np.array([*arrays[0], other]), *arrays[1:], *arrays[1 : 1 + per_user]]  # a copy sent as `other`
+    garbage = Parameters(tensors=[b"\x80\x04not an array"], tensor_type="numpy.ndarray")
+    results = [(Proxy(proxy.node_id), FitRes(OK, ndarrays_to_parameters(forged), n, m)),
+               (Proxy(999), FitRes(OK, garbage, 1, {}))]
+    _, metrics = strategy.aggregate_fit(2, results, [])
+    reasons = [why for _, why in strategy.rounds.rejections]
+    assert any(f"user {other} was not sampled in round 2" in r for r in reasons)
+    assert any("node 999: undecodable upload" in r for r in reasons)
+    assert metrics["accepted"] == len(sampled) and metrics["applied"] == 1  # the honest users still count

@@ -2,6 +2,8 @@
 
 import json
 
+import numpy as np
+
 from fedrec_flwr.plot import plot_runs
 from fedrec_flwr.results import RunRecorder
 from fedrec_flwr.summary import summarize
@@ -32,3 +34,18 @@ def test_plot_writes_one_png_per_metric(tmp_path):
     names = sorted(p.name for p in files)
     assert names == ["rmse.png", "round_seconds.png"]
     assert all(p.stat().st_size > 1000 and p.read_bytes()[:4] == b"\x89PNG" for p in files)
+
+
+def test_summary_shows_the_baselines_and_the_accounted_budget(tmp_path):
+    from fedrec_flwr.fedgnn.accounting import budget
+
+    rec = RunRecorder(tmp_path, "fedgnn", "synthetic", {"privacy": {"ldp": True}})
+    rec.set_baselines({"global_mean": 1.0, "user_mean": 0.99, "item_mean": 0.97, "bias": 0.93})
+    rec.add_round({"round": 2, "phase": "train", "bytes_up": 1e6, "bytes_down": 2e6})
+    rec.finish({"rmse": 0.8, "mae": 0.6}, {"privacy": budget(0.1, 0.2, np.array([1000, 1000]), np.array([3, 5]), 1e-5)})
+    text = summarize(str(tmp_path))
+    assert "item mean                        0.9700" in text
+    assert "model 0.8000 is 17.5% below the best trivial baseline (0.9700)" in text
+    assert "epsilon 1 per coordinate of one upload" in text and "one upload (1,000 coordinates): 1000 basic" in text
+    assert "max user over the run (5 uploads): 5000 basic" in text
+    assert "1.000 MB up, 2.000 MB down" in text

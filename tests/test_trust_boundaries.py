@@ -137,6 +137,7 @@ def test_a_robust_merge_round_ignores_one_scaled_upload(tiny_cfg):
         return [*(rng.normal(0, 0.01, s).astype(np.float32) * scale for s in shapes), np.arange(20),
                 (rng.normal(0, 0.01, (20, cfg.model.dim)) * scale).astype(np.float32)]
 
+    rounds.plan_train(2, {100 + u for u in range(4)})  # all four are sampled (128 per round)
     replies = [NodeReply(100 + u, [np.array([u]), *part(u, 1e4 if u == 3 else 1.0)]) for u in range(4)]
     rounds.train(2, replies, [], time.time(), 0.0)
     moved = max(float(np.abs(a - b).max()) for a, b in zip(before, rounds.server.model_weights()))
@@ -162,7 +163,7 @@ def test_damaged_or_foreign_checkpoints_name_the_file(tmp_path, damage):
     ckpt = Checkpointer(tmp_path)
     full = {"model": {"w": torch.ones(3)}, "items": torch.ones(2, 2), "model_opt": {}, "item_opt": {},
             "torch_rng": torch.get_rng_state(), "logical_round": 3, "train_rounds_done": 2, "history": [],
-            "rejections": [], "config": {}}
+            "rejections": [], "uploads": [0, 1], "eval_rejected": 0, "config": {}}
     ckpt.save(full)
     assert ckpt.load()["logical_round"] == 3
     if damage == "empty":

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from fedrec_flwr.config import AppConfig
-from fedrec_flwr.fedgnn.accounting import budget
+from fedrec_flwr.fedgnn.accounting import budget, epsilon_per_coordinate
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN, array_bytes, frame_download, split_upload
 from fedrec_flwr.fedgnn.registry import UserRegistry
@@ -56,6 +56,7 @@ class FedGNNRounds:
         self.uploads = np.zeros(registry.num_users, np.int64)  # per user: uploads received (budget spent)
         self.final: dict[str, float] = {}
         self._eval_plan: dict[int, list[int]] = {}
+        self._train_plan: tuple[int, dict[int, set[int]]] = (0, {})  # (logical round, node -> its sampled users)
 
     # -- bookkeeping -----------------------------------------------------------------
     def phase(self, logical_round: int) -> str:
@@ -101,7 +102,9 @@ class FedGNNRounds:
         """The round's sampled users, grouped by the node hosting them."""
         chosen = sample_users(self.cfg.seed, logical_round, self.registry.live_users(connected),
                               self.cfg.federation.clients_per_round)
-        return self.registry.by_node(chosen)
+        plan = self.registry.by_node(chosen)
+        self._train_plan = (logical_round, {node: set(users) for node, users in plan.items()})
+        return plan
 
     def download(self, users: list[int], weights: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """One node's download: the model weights and the item rows of its users' anonymity sets."""
@@ -120,6 +123,9 @@ class FedGNNRounds:
             try:
                 if not self.registry.hosts(reply.node_id, user):
                     raise UploadRejected(f"user {user} is not hosted by this node")
+                planned_round, plan = self._train_plan
+                if planned_round != logical_round or user not in plan.get(reply.node_id, ()):
+                    raise UploadRejected(f"user {user} was not sampled in round {logical_round}")
                 self.uploads[user] += 1
                 update = self.server.validate(user, arrays)
                 check_upload_bounds(self.cfg, [*update.grads, update.rows])
@@ -151,7 +157,7 @@ class FedGNNRounds:
                   "rejected": self.rejected_in(logical_round), "failures": len(failures), "applied": applied,
                   "bytes_down": bytes_down, "bytes_up": up / max(users_seen, 1)}
         if self.cfg.privacy.ldp:
-            record["epsilon"] = 2 * self.cfg.privacy.clip_delta / self.cfg.privacy.noise_lambda
+            record["epsilon_per_coordinate"] = epsilon_per_coordinate(self.cfg.privacy.clip_delta, self.cfg.privacy.noise_lambda)
         record["round_seconds"] = time.time() - started
         self.record(record)
         return record
@@ -187,7 +193,8 @@ class FedGNNRounds:
         if not (math.isfinite(sse) and math.isfinite(sae)) or sse < 0 or sae < 0:
             raise UploadRejected(f"evaluation sse = {sse}, sae = {sae}; expected finite and >= 0")
         span = self.rating_span
-        if sse > n * span * span * (1 + 1e-9) or sae > n * span * (1 + 1e-9):
+        slack = span + 1e-4 * max(span, 1.0)  # ratings may sit a rounding error outside the scale
+        if sse > n * slack * slack or sae > n * slack:
             raise UploadRejected(f"evaluation sse = {sse:.4g} / sae = {sae:.4g} exceed what {n} ratings on a scale "
                                  f"of range {span:g} can give")
         return ErrorSums(sse, sae, n)
@@ -226,9 +233,9 @@ class FedGNNRounds:
     def privacy_budget(self) -> dict | None:
         """The accounted LDP budget of the run so far (fedgnn.accounting), or None without LDP."""
         p = self.cfg.privacy
-        if not p.ldp:
-            return None
         users = sorted(self.server.registry)
+        if not p.ldp or not users:
+            return None
         model = sum(int(np.prod(s)) for s in self.server.model_shapes)
         coordinates = np.array([model + self.server.registry[u].size * self.cfg.model.dim for u in users], np.int64)
         return budget(p.clip_delta, p.noise_lambda, coordinates, self.uploads[users], p.delta)
@@ -262,9 +269,11 @@ class FedGNNRounds:
         self.server.restore(state)
         self.train_rounds_done = int(state["train_rounds_done"])
         self.rejections = [(int(r), str(why)) for r, why in state["rejections"]]
-        self.eval_rejections = int(state.get("eval_rejected", 0))
-        if "uploads" in state:
-            self.uploads = np.asarray(state["uploads"], np.int64)
+        self.eval_rejections = int(state["eval_rejected"])
+        uploads = np.asarray(state["uploads"], np.int64)
+        if uploads.shape != self.uploads.shape:
+            raise ValueError(f"checkpoint holds upload counts of {uploads.size} users, this run has {self.uploads.size}")
+        self.uploads = uploads
         done = int(state["logical_round"])
         if self.recorder is not None:
             self.recorder.restore_history(list(state["history"]), resumed_from=done)

@@ -8,7 +8,6 @@ sweep benchmarks drive it directly (it needs only numpy and torch).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -147,7 +146,7 @@ def sample_users(seed: int, logical_round: int, users: list[int], k: int) -> lis
 def eval_users(seed: int, users: list[int], fraction: float) -> list[int]:
     """The users that evaluate: all, or a fixed seeded sample (the same every evaluation round)."""
     ordered = sorted(users)
-    if fraction >= 1.0:
+    if fraction >= 1.0 or not ordered:
         return ordered
     k = max(1, int(round(fraction * len(ordered))))
     rng = np.random.default_rng([seed, 4099])

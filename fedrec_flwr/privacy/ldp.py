@@ -2,17 +2,13 @@
 
 Clipping every coordinate to [-delta, delta] bounds the L-inf sensitivity of one
 coordinate by 2*delta; Laplace(0, lambda) noise then gives epsilon = 2*delta/lambda
-per coordinate per upload (FedGNN, Eq. 6).
+per coordinate per upload (FedGNN, Eq. 6); fedrec_flwr.fedgnn.accounting composes it over an
+upload and a run.
 """
 
 from __future__ import annotations
 
 import numpy as np
-
-
-def epsilon(clip_delta: float, noise_lambda: float) -> float:
-    """Per-upload privacy budget of clip-and-Laplace."""
-    return 2.0 * clip_delta / noise_lambda
 
 
 def clip_linf(x: np.ndarray, delta: float) -> np.ndarray:
