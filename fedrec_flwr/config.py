@@ -138,7 +138,7 @@ class SimulationConfig:
 class DeploymentConfig:
     """A real federation: which authenticated SuperNode may speak for which user or domain."""
 
-    # JSON file {node id: [user ids]} (FedGNN) written by the operator from the node ids that
+    # JSON file {node id: [user ids]} (FedGNN) or {node id: [domain index]} (FPPDM) written by the operator from the node ids that
     # `flwr supernode register --format json` printed; nodes not listed register nobody
     node_list: str = ""
     min_nodes: int = 0  # registration waits for this many SuperNodes (devices connect over time)

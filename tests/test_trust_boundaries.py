@@ -174,3 +174,26 @@ def test_damaged_or_foreign_checkpoints_name_the_file(tmp_path, damage):
         ckpt.save({"weights": torch.ones(2)})
     with pytest.raises(CheckpointError, match=str(ckpt.path)):
         ckpt.load()
+
+
+def test_the_operators_node_list_binds_users_and_domains(tmp_path, tiny_cfg):
+    from fedrec_flwr.fedgnn.registry import registry_for
+    from fedrec_flwr.fppdm.rounds import FPPDMRounds
+    from fedrec_flwr.node_list import NodeListError, load_node_list
+
+    path = tmp_path / "nodes.json"
+    path.write_text('{"11": [0, 1], "12": [2]}')
+    cfg = tiny_cfg(f"deployment.node_list={path}")
+    registry = registry_for(cfg, num_users=3)
+    registry.check_claim(11, [0, 1])
+    for node, users in ((12, [0]), (13, [2])):
+        with pytest.raises(UploadRejected, match=f"not assigned to node {node}"):
+            registry.check_claim(node, users)
+    rounds = FPPDMRounds(cfg, num_users=5, num_domains=3)
+    assert rounds.validate_reply(1, NodeReply(13, [np.zeros(0)])) is None
+    assert "not a domain of deployment.node_list" in rounds.rejections[-1][1]
+    for text, why in (('{"1": [0], "2": [0]}', "listed for nodes 1 and 2"), ('{"1": [7]}', "outside \\[0, 3\\)"),
+                      ('[1, 2]', "expected a JSON object")):
+        path.write_text(text)
+        with pytest.raises(NodeListError, match=why):
+            load_node_list(path, 3)

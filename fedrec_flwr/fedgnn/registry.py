@@ -12,39 +12,13 @@ claimed by another. Who may claim what:
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 from typing import Callable, Collection
 
 from fedrec_flwr.messages import UploadRejected
+from fedrec_flwr.node_list import load_node_list
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
-
-
-class NodeListError(ValueError):
-    """A node list file that cannot be used; the message names the file and what was expected."""
-
-
-def load_node_list(path: str | Path, num_users: int) -> dict[int, frozenset[int]]:
-    """{node id: its users} from the operator's JSON node list, checked (ids in range, each user once)."""
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-        if not isinstance(raw, dict):
-            raise ValueError("expected a JSON object {node id: [user ids]}")
-        listing = {int(node): frozenset(int(u) for u in users) for node, users in raw.items()}
-    except (OSError, ValueError, TypeError) as exc:
-        raise NodeListError(f"deployment.node_list {path}: {exc}") from None
-    seen: dict[int, int] = {}
-    for node, users in listing.items():
-        for u in users:
-            if not 0 <= u < num_users:
-                raise NodeListError(f"deployment.node_list {path}: node {node} lists user {u}, outside [0, {num_users})")
-            if u in seen:
-                raise NodeListError(f"deployment.node_list {path}: user {u} is listed for nodes {seen[u]} and {node}")
-            seen[u] = node
-    return listing
 
 
 def listed(node_list: dict[int, frozenset[int]]) -> Callable[[int], Collection[int]]:

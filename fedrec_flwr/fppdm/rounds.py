@@ -30,6 +30,7 @@ from fedrec_flwr.config import AppConfig
 from fedrec_flwr.fppdm.barycenter import UserGaussians, user_barycenters
 from fedrec_flwr.fppdm.secure_barycenter import per_user_ciphertexts, sum_encrypted
 from fedrec_flwr.messages import NodeReply, UploadRejected, array_bytes
+from fedrec_flwr.node_list import load_node_list
 from fedrec_flwr.privacy.paillier_pack import FixedPointPacker, ciphertexts_to_array
 from fedrec_flwr.results import RunRecorder, report_round
 
@@ -106,8 +107,11 @@ def _empty_users(dim: int) -> UserGaussians:
 class FPPDMRounds:
     """Downloads, training rounds (validation and barycenter) and evaluation of one FPPDM run."""
 
-    def __init__(self, cfg: AppConfig, num_users: int, recorder: RunRecorder | None = None):
+    def __init__(self, cfg: AppConfig, num_users: int, recorder: RunRecorder | None = None, num_domains: int = 0):
         self.cfg, self.num_users, self.recorder = cfg, num_users, recorder
+        # deployment: the operator's node list {node id: [domain index]}; unlisted nodes contribute nothing
+        self.listed = (set(load_node_list(cfg.deployment.node_list, num_domains)) if cfg.deployment.node_list
+                       else None)
         self.dim = cfg.fppdm.dim
         self.packer = FixedPointPacker(key_bits=cfg.fppdm.key_bits)
         self.per_user_cts = per_user_ciphertexts(self.packer, self.dim)
@@ -150,6 +154,8 @@ class FPPDMRounds:
         """The domain's upload, checked; None (logged and counted) when it is refused."""
         f = self.cfg.fppdm
         try:
+            if self.listed is not None and reply.node_id not in self.listed:
+                raise UploadRejected("this SuperNode is not a domain of deployment.node_list")
             if f.secure:
                 return validate_encrypted(reply.arrays, self.num_users, self.per_user_cts, f.key_bits)
             return validate_distributions(reply.arrays, self.num_users, self.dim, gaussian=f.gaussian,
