@@ -27,6 +27,7 @@ run: install
 	@$(BIN)/python -m fedrec_flwr.summary outputs/latest
 
 test: install
+	$(BIN)/ruff check .
 	PATH="$(CURDIR)/$(BIN):$$PATH" FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 $(BIN)/python -m pytest
 
 # A real deployment on loopback: SuperLink with TLS + SuperNode auth, one SuperNode per user / domain,

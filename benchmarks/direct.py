@@ -15,15 +15,15 @@ import numpy as np
 import torch
 
 from benchmarks.run import input_errors_exit
+from fedrec_flwr.config import load_config, parse_overrides
+from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.protocol import split_download, users_array
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
-from fedrec_flwr.messages import NodeReply
-from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore
-from fedrec_flwr.config import load_config, parse_overrides
-from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.models import build_model
 from fedrec_flwr.fedgnn.server import FedGNNServer
+from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore
+from fedrec_flwr.messages import NodeReply
+from fedrec_flwr.models import build_model
 
 
 def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,

@@ -21,11 +21,18 @@ import numpy as np
 import torch
 
 from benchmarks.gpu_clients import ML10M_SHAPE
-from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore, build_upload, local_gradients, set_weights, user_rng
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.fedgnn.server import FedGNNServer
+from fedrec_flwr.fedgnn.user import (
+    FedGNNUser,
+    MemoryStore,
+    build_upload,
+    local_gradients,
+    set_weights,
+    user_rng,
+)
+from fedrec_flwr.fsutil import atomic_write
 
 
 def split_times(users: int, device: torch.device, cache_dir: str) -> dict:

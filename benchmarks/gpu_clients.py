@@ -25,11 +25,10 @@ import numpy as np
 import torch
 
 from benchmarks.direct import run_direct
-from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data.synthetic import make_synthetic_multidomain
+from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
 from fedrec_flwr.fsutil import atomic_write
-
 
 # synthetic data with ML-10M's catalogue and ratings per user
 ML10M_SHAPE = ["data.synthetic.num_items=10677", "data.synthetic.mean_degree=180"]

@@ -30,7 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.neighbours import NeighbourClient, NeighbourServiceError, item_tokens, new_handle, new_run_key
+from fedrec_flwr.neighbours import (
+    NeighbourClient,
+    NeighbourServiceError,
+    item_tokens,
+    new_handle,
+    new_run_key,
+)
 from fedrec_flwr.neighbours.process import start_local_service
 
 

@@ -18,11 +18,20 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrec_flwr.fppdm.barycenter import user_barycenters
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import load_from_config
-from fedrec_flwr.privacy.paillier_pack import DomainKeys, FixedPointPacker, ciphertexts_to_array
-from fedrec_flwr.fppdm.secure_barycenter import decrypt_barycenters, encrypt_users, per_user_ciphertexts, sum_encrypted
+from fedrec_flwr.fppdm.barycenter import user_barycenters
+from fedrec_flwr.fppdm.secure_barycenter import (
+    decrypt_barycenters,
+    encrypt_users,
+    per_user_ciphertexts,
+    sum_encrypted,
+)
+from fedrec_flwr.privacy.paillier_pack import (
+    DomainKeys,
+    FixedPointPacker,
+    ciphertexts_to_array,
+)
 
 
 def main() -> None:

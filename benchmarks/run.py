@@ -19,8 +19,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedrec_flwr.config import ConfigError, load_config, parse_overrides
 from fedrec_flwr.algorithms import get_algorithm
+from fedrec_flwr.config import ConfigError, load_config, parse_overrides
 from fedrec_flwr.data import DataError
 from fedrec_flwr.results import load_results
 

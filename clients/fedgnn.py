@@ -17,12 +17,18 @@ from flwr.client import NumPyClient
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
+from fedrec_flwr.fedgnn.accounting import epsilon_per_coordinate
 from fedrec_flwr.fedgnn.protocol import (
-    PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, RoundConfig, split_download, users_array,
+    PHASE_EXPAND_FETCH,
+    PHASE_EXPAND_SUBMIT,
+    PHASE_REGISTER,
+    PHASE_TRAIN,
+    RoundConfig,
+    split_download,
+    users_array,
 )
 from fedrec_flwr.fedgnn.user import FedGNNUser, UserStore
 from fedrec_flwr.models import build_model
-from fedrec_flwr.fedgnn.accounting import epsilon_per_coordinate
 
 
 class FedGNNClient(NumPyClient):

@@ -13,11 +13,15 @@ import numpy as np
 import torch
 from flwr.client import NumPyClient
 
-from fedrec_flwr.privacy.paillier_pack import DomainKeys, FixedPointPacker
-from fedrec_flwr.fppdm.secure_barycenter import decrypt_barycenters, encrypt_users, public_n_array
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import Domain
 from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
+from fedrec_flwr.fppdm.secure_barycenter import (
+    decrypt_barycenters,
+    encrypt_users,
+    public_n_array,
+)
+from fedrec_flwr.privacy.paillier_pack import DomainKeys, FixedPointPacker
 
 
 class FPPDMDomainClient(NumPyClient):

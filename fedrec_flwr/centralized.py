@@ -14,7 +14,7 @@ import torch
 
 from .config import AppConfig, to_dict
 from .data import RatingDataset, load_from_config
-from .metrics import rmse, mae
+from .metrics import mae, rmse
 from .models import build_model, build_star_batch
 from .results import RunRecorder
 

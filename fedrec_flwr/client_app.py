@@ -12,13 +12,18 @@ from flwr.common import Context
 
 from clients.faults import with_faults
 from clients.fedgnn import FedGNNClient
-from clients.trivial import TrivialClient
 from clients.fppdm import FPPDMDomainClient
+from clients.trivial import TrivialClient
 from clients.user_store import DomainStateStore, NodeStateStore, UserStateFiles
 from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.config import AppConfig, from_run_config
+from fedrec_flwr.data import (
+    MultiDomainDataset,
+    UserPartitions,
+    load_multidomain,
+    prepare_partitions,
+)
 from fedrec_flwr.logs import configure_console_logging
-from fedrec_flwr.data import MultiDomainDataset, UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.node_data import load_domain_file, load_user_file
 
 log = logging.getLogger(__name__)

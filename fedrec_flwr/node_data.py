@@ -20,7 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from fedrec_flwr.config import AppConfig, load_config
-from fedrec_flwr.data import Domain, UserData, UserPartitions, load_multidomain, prepare_partitions
+from fedrec_flwr.data import (
+    Domain,
+    UserData,
+    UserPartitions,
+    load_multidomain,
+    prepare_partitions,
+)
 from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.data.types import RatingScale
 from fedrec_flwr.fsutil import atomic_write

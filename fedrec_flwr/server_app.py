@@ -9,19 +9,24 @@ import secrets
 from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
+from clients.trivial import trivial_parameters
 from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.baselines import baseline_rmses
 from fedrec_flwr.config import from_run_config, to_dict
-from fedrec_flwr.logs import configure_console_logging
 from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
-from fedrec_flwr.node_data import load_catalogue
-from fedrec_flwr.neighbours import ADMIN_TOKEN_ENV, NeighbourClient, NeighbourServiceError, new_run_key
-from fedrec_flwr.neighbours.process import start_local_service
-from fedrec_flwr.results import RunRecorder
-from clients.trivial import trivial_parameters
-from strategies.fppdm import WassersteinBarycenterStrategy
 from fedrec_flwr.fedgnn.protocol import ExpansionLink
+from fedrec_flwr.logs import configure_console_logging
+from fedrec_flwr.neighbours import (
+    ADMIN_TOKEN_ENV,
+    NeighbourClient,
+    NeighbourServiceError,
+    new_run_key,
+)
+from fedrec_flwr.neighbours.process import start_local_service
+from fedrec_flwr.node_data import load_catalogue
+from fedrec_flwr.results import RunRecorder
 from strategies.fedgnn import FedGNNStrategy
+from strategies.fppdm import WassersteinBarycenterStrategy
 from strategies.trivial import TimedFedAvg
 
 log = logging.getLogger("fedrec_flwr.server")

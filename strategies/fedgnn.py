@@ -21,12 +21,18 @@ from flwr.server.strategy import FedAvg
 from fedrec_flwr.config import AppConfig, to_dict
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, config_diff
 from fedrec_flwr.fedgnn.protocol import (
-    PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, ExpansionLink, RoundConfig, array_bytes,
+    PHASE_EXPAND_FETCH,
+    PHASE_EXPAND_SUBMIT,
+    PHASE_REGISTER,
+    PHASE_TRAIN,
+    ExpansionLink,
+    RoundConfig,
+    array_bytes,
 )
 from fedrec_flwr.fedgnn.registry import registry_for
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
-from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.fedgnn.server import FedGNNServer
+from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.results import RunRecorder, records_failure
 from strategies.nodes import decode_replies, wait_for_nodes
 

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from fedrec_flwr.baselines import baseline_rmses, best_trivial, fit_biases
-from fedrec_flwr.data import RatingDataset, Ratings, RatingScale, UserPartitions, prepare_partitions
+from fedrec_flwr.data import (
+    RatingDataset,
+    Ratings,
+    RatingScale,
+    UserPartitions,
+    prepare_partitions,
+)
 
 
 def _ds(train, test, users=3, items=3):

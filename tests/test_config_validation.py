@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from benchmarks.run import main as run_main
-from fedrec_flwr.config import _RANGES, AppConfig, ConfigError, from_run_config, load_config, numeric_keys, parse_overrides
+from fedrec_flwr.config import (
+    _RANGES,
+    AppConfig,
+    ConfigError,
+    from_run_config,
+    load_config,
+    numeric_keys,
+    parse_overrides,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 

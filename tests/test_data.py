@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from fedrec_flwr.data import DataError, UserPartitions, load_dataset, prepare_partitions
-from fedrec_flwr.data.loaders import load_ratings_dat, load_split_files, load_srgcnn_mat, load_gadtcdr, load_disencdr_pair
+from fedrec_flwr.data.loaders import (
+    load_disencdr_pair,
+    load_gadtcdr,
+    load_ratings_dat,
+    load_split_files,
+    load_srgcnn_mat,
+)
 from fedrec_flwr.data.partition import write_partitions
 from fedrec_flwr.data.synthetic import make_synthetic, make_synthetic_multidomain
 from fedrec_flwr.data.types import RatingScale

@@ -8,12 +8,12 @@ import re
 
 import numpy as np
 import pytest
+from test_data import write_mat_v73
 
 import fedrec_flwr.data.partition as partition
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import DataError, UserPartitions, load_dataset, prepare_partitions
 from fedrec_flwr.data.readers import MAX_ID
-from test_data import write_mat_v73
 
 # per format: the files of a small valid dataset, the file the bad line goes into, and how a line is written
 GOOD_ROWS = [(1, 1, 5), (1, 2, 4), (2, 1, 3), (2, 3, 4), (3, 2, 5), (3, 3, 1)]

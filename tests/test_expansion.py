@@ -6,13 +6,18 @@ import numpy as np
 import pytest
 
 from clients.fedgnn import FedGNNClient
-from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore, local_gradients
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.protocol import (
+    PHASE_EXPAND_FETCH,
+    PHASE_EXPAND_SUBMIT,
+    PHASE_REGISTER,
+    PHASE_TRAIN,
+)
+from fedrec_flwr.fedgnn.server import round_schedule
+from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore, local_gradients
 from fedrec_flwr.models import build_model
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
-from fedrec_flwr.fedgnn.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN
 from strategies.fedgnn import ExpansionLink, FedGNNStrategy
-from fedrec_flwr.fedgnn.server import round_schedule
 
 
 def test_schedule_puts_expansion_after_t_epochs(tiny_cfg):

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from scipy import stats
 
 from clients.fedgnn import FedGNNClient
-from fedrec_flwr.fedgnn.user import MemoryStore, build_upload, init_user_state, local_gradients
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN
+from fedrec_flwr.fedgnn.user import MemoryStore
 from fedrec_flwr.models import build_model
 from fedrec_flwr.privacy import clip_linf, privatize, pseudo_gradient_rows
-from fedrec_flwr.privacy.attacks import FEATURES, model_gradient_auc, popularity_reidentification, within_upload_auc
-from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN
+from fedrec_flwr.privacy.attacks import (
+    FEATURES,
+    model_gradient_auc,
+    popularity_reidentification,
+    within_upload_auc,
+)
 
 
 def _setup(cfg):

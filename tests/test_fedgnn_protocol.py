@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import RecordDict
 from flwr.common import FitRes, ndarrays_to_parameters, parameters_to_ndarrays
+from inprocess import OK, Manager, Proxy, drive
 
 from clients.faults import with_faults
 from clients.fedgnn import FedGNNClient
@@ -15,7 +16,6 @@ from clients.user_store import NodeStateStore, UserStateFiles
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.models import build_model
 from fedrec_flwr.results import RunRecorder
-from inprocess import OK, Manager, Proxy, drive
 from strategies.fedgnn import FedGNNStrategy
 
 SMALL = ("federation.rounds=6", "federation.clients_per_round=12", "federation.eval_every=3", "model.dropout=0.2")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrec_flwr.messages import UploadRejected
 from fedrec_flwr.fedgnn.rounds import validate_registration
 from fedrec_flwr.fedgnn.server import merge_item_gradients, validate_upload
+from fedrec_flwr.messages import UploadRejected
 
 SHAPES = [(3, 2), ()]
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from inprocess import Manager, drive
 from scipy.optimize import minimize
 
-from inprocess import Manager, drive
 from clients.fppdm import FPPDMDomainClient
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data.synthetic import make_synthetic_multidomain
 from fedrec_flwr.fppdm.barycenter import UserGaussians, user_barycenters
-from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer, sample_training_negatives
+from fedrec_flwr.fppdm.domain import (
+    DomainData,
+    DomainTrainer,
+    sample_training_negatives,
+)
 from fedrec_flwr.fppdm.rounds import MAX_ABS_MU, MAX_SIGMA, validate_distributions
 from fedrec_flwr.messages import UploadRejected
 from fedrec_flwr.models.gaussian_gcn import w2_squared
@@ -333,8 +337,8 @@ def test_only_user_distributions_leave_a_domain_and_k3_rounds_run(tmp_path):
 
 
 def test_paillier_round_equals_plaintext_barycenter_and_server_sees_no_values(tmp_path):
-    from fedrec_flwr.privacy.paillier_pack import DomainKeys
     from fedrec_flwr.fppdm.secure_barycenter import decrypt_barycenters
+    from fedrec_flwr.privacy.paillier_pack import DomainKeys
 
     key_file = tmp_path / "keys.json"
     DomainKeys.generate(1024).save(key_file)

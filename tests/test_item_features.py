@@ -7,13 +7,12 @@ import pytest
 import torch
 
 from benchmarks.direct import run_direct
-from fedrec_flwr.config import load_config
 from fedrec_flwr.data import DataError, UserPartitions, prepare_partitions
 from fedrec_flwr.data.registry import load_dataset
+from fedrec_flwr.fedgnn.server import FedGNNServer
+from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore
 from fedrec_flwr.models import RatingGNN, build_star_batch
 from fedrec_flwr.node_data import NodeDataError, export_nodes, load_user_file
-from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore
-from fedrec_flwr.fedgnn.server import FedGNNServer
 
 
 def _item_line(item: int, genres: list[int]) -> str:

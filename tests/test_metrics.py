@@ -2,7 +2,13 @@
 
 import numpy as np
 
-from fedrec_flwr.metrics import hit_ratio_at_k, ndcg_at_k, rank_of_positive, rmse, sample_negatives
+from fedrec_flwr.metrics import (
+    hit_ratio_at_k,
+    ndcg_at_k,
+    rank_of_positive,
+    rmse,
+    sample_negatives,
+)
 
 
 def test_rmse_clips_to_scale():

@@ -1,6 +1,5 @@
 """Star-graph GNN models: shapes, gradients, batching equivalence, leak-free queries."""
 
-import numpy as np
 import pytest
 import torch
 

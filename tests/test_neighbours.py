@@ -18,11 +18,19 @@ import pytest
 from fedrec_flwr.data.synthetic import make_synthetic
 from fedrec_flwr.fedgnn.protocol import PHASE_EXPAND_SUBMIT, ExpansionLink, RoundConfig
 from fedrec_flwr.neighbours import (
-    Limits, NeighbourClient, NeighbourService, NeighbourServiceError, RequestError, item_tokens, new_handle,
-    new_run_key, serve,
+    Limits,
+    NeighbourClient,
+    NeighbourService,
+    NeighbourServiceError,
+    RequestError,
+    item_tokens,
+    new_handle,
+    new_run_key,
+    serve,
 )
 from fedrec_flwr.neighbours.process import start_local_service
-from fedrec_flwr.neighbours.service import _cost, main as service_main
+from fedrec_flwr.neighbours.service import _cost
+from fedrec_flwr.neighbours.service import main as service_main
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN = "a" * 64

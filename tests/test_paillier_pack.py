@@ -4,7 +4,11 @@ import numpy as np
 import pytest
 
 from fedrec_flwr.privacy.paillier_pack import (
-    DomainKeys, FixedPointPacker, add_ciphertexts, array_to_ciphertexts, ciphertexts_to_array,
+    DomainKeys,
+    FixedPointPacker,
+    add_ciphertexts,
+    array_to_ciphertexts,
+    ciphertexts_to_array,
 )
 
 

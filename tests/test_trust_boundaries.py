@@ -9,13 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedrec_flwr.fedgnn.bounds import FALSE_REJECTION, check_upload_bounds, ldp_coordinate_bound
-from fedrec_flwr.fedgnn.checkpoint import CheckpointError, Checkpointer
+from fedrec_flwr.fedgnn.bounds import (
+    FALSE_REJECTION,
+    check_upload_bounds,
+    ldp_coordinate_bound,
+)
+from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
-from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.fedgnn.server import FedGNNServer, robust_location, validate_upload
-from fedrec_flwr.messages import UploadRejected
+from fedrec_flwr.messages import NodeReply, UploadRejected
 from fedrec_flwr.privacy import privatize
 
 

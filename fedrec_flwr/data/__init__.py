@@ -10,7 +10,14 @@ from pathlib import Path
 from .download import sha256_of
 from .partition import UserData, UserPartitions, discard, fingerprint, write_partitions
 from .registry import AnyDataset, dataset_names, get_spec, load_dataset, resolve_root
-from .types import DataError, Domain, MultiDomainDataset, RatingDataset, Ratings, RatingScale
+from .types import (
+    DataError,
+    Domain,
+    MultiDomainDataset,
+    RatingDataset,
+    Ratings,
+    RatingScale,
+)
 
 log = logging.getLogger(__name__)
 

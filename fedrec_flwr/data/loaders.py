@@ -8,7 +8,14 @@ from typing import NamedTuple
 import numpy as np
 
 from .readers import read_delimited, read_mat_v73
-from .types import DataError, Domain, MultiDomainDataset, RatingDataset, Ratings, RatingScale
+from .types import (
+    DataError,
+    Domain,
+    MultiDomainDataset,
+    RatingDataset,
+    Ratings,
+    RatingScale,
+)
 
 
 class Compacted(NamedTuple):

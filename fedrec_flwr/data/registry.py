@@ -14,7 +14,14 @@ from typing import Callable, Union
 import numpy as np
 
 from .download import RemoteFile, download_file
-from .loaders import load_disencdr_pair, load_gadtcdr, load_movielens_genres, load_ratings_dat, load_split_files, load_srgcnn_mat
+from .loaders import (
+    load_disencdr_pair,
+    load_gadtcdr,
+    load_movielens_genres,
+    load_ratings_dat,
+    load_split_files,
+    load_srgcnn_mat,
+)
 from .synthetic import make_synthetic, make_synthetic_multidomain
 from .types import DataError, MultiDomainDataset, RatingDataset, RatingScale
 

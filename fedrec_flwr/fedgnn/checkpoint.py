@@ -55,8 +55,8 @@ class Checkpointer:
                                   f"and plain values written by this app): {type(exc).__name__}: {exc}") from None
         if not isinstance(state, dict) or (missing := [k for k in REQUIRED_KEYS if k not in state]):
             found = sorted(state) if isinstance(state, dict) else type(state).__name__
-            raise CheckpointError(f"{self.path}: not a FedGNN server checkpoint (expected keys {list(REQUIRED_KEYS)}, "
-                                  f"found {found})")
+            raise CheckpointError(f"{self.path}: not a FedGNN server checkpoint (expected keys {list(REQUIRED_KEYS)}; "
+                                  f"found {found}, missing {missing if isinstance(state, dict) else list(REQUIRED_KEYS)})")
         return state
 
 

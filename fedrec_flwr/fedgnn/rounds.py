@@ -27,9 +27,22 @@ import numpy as np
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.fedgnn.accounting import budget, epsilon_per_coordinate
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
-from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN, array_bytes, frame_download, split_upload
+from fedrec_flwr.fedgnn.protocol import (
+    PHASE_REGISTER,
+    PHASE_TRAIN,
+    array_bytes,
+    frame_download,
+    split_upload,
+)
 from fedrec_flwr.fedgnn.registry import UserRegistry
-from fedrec_flwr.fedgnn.server import FedGNNServer, TrainUpdate, check_anonymity_set, eval_users, round_schedule, sample_users
+from fedrec_flwr.fedgnn.server import (
+    FedGNNServer,
+    TrainUpdate,
+    check_anonymity_set,
+    eval_users,
+    round_schedule,
+    sample_users,
+)
 from fedrec_flwr.messages import NodeReply, UploadRejected
 from fedrec_flwr.metrics import ErrorSums
 from fedrec_flwr.results import RunRecorder, report_round

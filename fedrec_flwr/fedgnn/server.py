@@ -13,8 +13,14 @@ import numpy as np
 import torch
 
 from fedrec_flwr.config import AppConfig
+from fedrec_flwr.fedgnn.protocol import (
+    PHASE_EXPAND_FETCH,
+    PHASE_EXPAND_SUBMIT,
+    PHASE_REGISTER,
+    PHASE_TRAIN,
+    UploadRejected,
+)
 from fedrec_flwr.models import build_model
-from fedrec_flwr.fedgnn.protocol import PHASE_EXPAND_FETCH, PHASE_EXPAND_SUBMIT, PHASE_REGISTER, PHASE_TRAIN, UploadRejected
 
 
 def check_anonymity_set(ids: np.ndarray, num_items: int, min_rows: int) -> np.ndarray:

@@ -18,11 +18,16 @@ import torch
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
+from fedrec_flwr.fedgnn.protocol import ExpansionLink, RoundConfig
 from fedrec_flwr.metrics import ErrorSums, squared_error_sum
 from fedrec_flwr.models import RatingGNN, build_model, build_star_batch
-from fedrec_flwr.privacy import num_pseudo, privatize, pseudo_gradient_rows, sample_pseudo_items
-from fedrec_flwr.fedgnn.protocol import ExpansionLink, RoundConfig
 from fedrec_flwr.neighbours import NeighbourClient, item_tokens
+from fedrec_flwr.privacy import (
+    num_pseudo,
+    privatize,
+    pseudo_gradient_rows,
+    sample_pseudo_items,
+)
 
 
 @dataclass

@@ -8,11 +8,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedrec_flwr.fppdm.coclustering import co_cluster
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import Domain
-from fedrec_flwr.metrics import hit_ratio_at_k, ndcg_at_k, rank_of_positive, sample_negatives
-from fedrec_flwr.models.gaussian_gcn import GaussianLightGCN, normalised_adjacency, w2_squared
+from fedrec_flwr.fppdm.coclustering import co_cluster
+from fedrec_flwr.metrics import (
+    hit_ratio_at_k,
+    ndcg_at_k,
+    rank_of_positive,
+    sample_negatives,
+)
+from fedrec_flwr.models.gaussian_gcn import (
+    GaussianLightGCN,
+    normalised_adjacency,
+    w2_squared,
+)
 
 
 class DomainData:

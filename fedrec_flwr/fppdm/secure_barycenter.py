@@ -9,7 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedrec_flwr.privacy.paillier_pack import DomainKeys, FixedPointPacker, add_ciphertexts, array_to_ciphertexts, ciphertexts_to_array
+from fedrec_flwr.privacy.paillier_pack import (
+    DomainKeys,
+    FixedPointPacker,
+    add_ciphertexts,
+    array_to_ciphertexts,
+    ciphertexts_to_array,
+)
 
 
 def per_user_ciphertexts(packer: FixedPointPacker, dim: int) -> int:

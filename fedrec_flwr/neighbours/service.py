@@ -40,8 +40,8 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import chain
 from http import HTTPStatus
+from itertools import chain
 
 import numpy as np
 from aiohttp import web

@@ -26,7 +26,12 @@ from scipy import stats
 
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
-from fedrec_flwr.fedgnn.user import UserState, build_upload, init_user_state, local_gradients
+from fedrec_flwr.fedgnn.user import (
+    UserState,
+    build_upload,
+    init_user_state,
+    local_gradients,
+)
 from fedrec_flwr.models import RatingGNN, build_model
 
 FEATURES = ("l2 norm", "l1 norm", "max |x|", "mean", "projection on mean row", "|top principal component|", "standardised distance")
