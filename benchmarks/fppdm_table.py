@@ -3,11 +3,13 @@
     python -m benchmarks.fppdm_table --data-dir ../shared/data \
         --datasets douban-book-music amazon-phone-elec amazon-cloth-sport --seeds 0 1 2
 
-Every (dataset, preset, seed) is one `python -m benchmarks.run` job (one SuperNode per domain);
-each dataset gets the same training settings for all four presets (`SETTINGS`), so rows differ
-only in the algorithm. Finished jobs are kept in the JSON and skipped on a rerun, so an
-interrupted sweep continues where it stopped. Writes benchmarks/results/fppdm_table.json and
-prints the markdown table (mean +- std over seeds of the mean over domains).
+Every (dataset, preset, seed) is one `python -m benchmarks.run --preset P --dataset D` job (one
+SuperNode per domain). The script holds no training settings: each dataset's schedule and
+training settings live in conf/datasets/<dataset>.yaml (section `algorithms.fppdm`), which the
+config loader applies to all four presets alike, so rows differ only in the algorithm. Finished
+jobs are kept in the JSON and skipped on a rerun, so an interrupted sweep continues where it
+stopped. Writes benchmarks/results/fppdm_table.json and prints the markdown table (mean +- std
+over seeds of the mean over domains).
 """
 
 from __future__ import annotations
@@ -16,32 +18,28 @@ import argparse
 import statistics
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from benchmarks.sweep import load_sweep, run_missing
+from fedrec_flwr.config import dataset_conf_path
 
 PRESETS = ("single_domain", "fedavg_lightgcn", "fppdm", "fppdm_pp")
 
 # The paper's K per dataset (Douban 5, Amazon 10); K = 10 is reported everywhere too.
 PAPER_K = {"douban-book-music": 5, "amazon-phone-elec": 10, "amazon-cloth-sport": 10}
 
-# Training settings per dataset, the same for every preset. The paper's batch of 256 with 5 local
-# epochs costs one full-graph propagation per batch (~0.1 s on Douban Book, ~0.5 s on Amazon
-# Electronics on one core), i.e. minutes per round; larger batches with a larger learning rate
-# reach the same accuracy in a 2-core budget. Rounds sit near the single-domain model's peak
-# (the models overfit beyond it).
-SETTINGS = {
-    "douban-book-music": ["federation.rounds=12", "federation.eval_every=4", "fppdm.local_epochs=1",
-                          "fppdm.batch_size=2048", "fppdm.lr=0.003"],
-    "amazon-phone-elec": ["federation.rounds=6", "federation.eval_every=2", "fppdm.local_epochs=1",
-                          "fppdm.batch_size=8192", "fppdm.lr=0.01"],
-    "amazon-cloth-sport": ["federation.rounds=6", "federation.eval_every=2", "fppdm.local_epochs=1",
-                           "fppdm.batch_size=8192", "fppdm.lr=0.01"],
-}
+
+def settings(dataset: str) -> dict:
+    """The settings conf/datasets/<dataset>.yaml gives every FPPDM preset (recorded in the JSON)."""
+    path = dataset_conf_path(dataset)
+    layer = OmegaConf.load(path) if path.is_file() else OmegaConf.create()
+    return {"file": f"conf/datasets/{dataset}.yaml",
+            **OmegaConf.to_container(layer.get("algorithms", {}).get("fppdm", {}) or OmegaConf.create())}
 
 
 def command(dataset: str, preset: str, seed: int, data_dir: str) -> list[str]:
     """The benchmarks.run arguments of one table cell (also printed in BENCHMARKS.md)."""
-    return ["--preset", preset, "--dataset", dataset, "--data-dir", data_dir, "--seed", str(seed),
-            "--set", *SETTINGS[dataset]]
+    return ["--preset", preset, "--dataset", dataset, "--data-dir", data_dir, "--seed", str(seed)]
 
 
 def table(doc: dict) -> str:
@@ -70,13 +68,13 @@ def main() -> None:
     """Run every missing cell, save after each, print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", default="../shared/data")
-    ap.add_argument("--datasets", nargs="+", default=list(SETTINGS))
+    ap.add_argument("--datasets", nargs="+", default=list(PAPER_K))
     ap.add_argument("--presets", nargs="+", default=list(PRESETS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--out", default="benchmarks/results/fppdm_table.json")
     args = ap.parse_args()
     out = Path(args.out)
-    doc = load_sweep(out, args.datasets, SETTINGS)
+    doc = load_sweep(out, args.datasets, {d: settings(d) for d in args.datasets})
     cells = [({"dataset": d, "preset": p, "seed": s}, command(d, p, s, args.data_dir))
              for d in args.datasets for s in args.seeds for p in args.presets]
     run_missing(doc, out, cells, "fppdm_table")

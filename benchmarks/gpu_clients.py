@@ -49,9 +49,10 @@ def fedgnn_clients_per_second(device: torch.device, users: int, rounds: int, cac
 def fppdm_epoch_seconds(device: torch.device, users: int, items: int, epochs: int) -> dict:
     """Seconds per local epoch of one FPPDM domain (Gaussian LightGCN, D = 128, batch 256) on `device`."""
     ds = make_synthetic_multidomain(seed=0, num_domains=1, num_users=users, items_per_domain=items, mean_degree=30.0)
-    cfg = load_config("fppdm", "synthetic-md3", ["fppdm.local_epochs=1"])
-    trainer = DomainTrainer(cfg, DomainData(ds.domains[0]), 0, device)
-    empty = np.zeros(0, np.int64), np.zeros((0, cfg.fppdm.dim), np.float32), np.zeros((0, cfg.fppdm.dim), np.float32)
+    cfg = load_config("fppdm", "synthetic-md3", ["fppdm.training.local_epochs=1"])
+    f = cfg.fppdm
+    trainer = DomainTrainer(DomainData(ds.domains[0]), 0, f.model, f.training, f.coclustering, cfg.seed, device)
+    empty = np.zeros(0, np.int64), np.zeros((0, f.model.dim), np.float32), np.zeros((0, f.model.dim), np.float32)
     times, loss = [], 0.0
     for epoch in range(epochs + 1):  # the first epoch warms up kernels and allocators
         t0 = time.time()

@@ -1,13 +1,11 @@
 """FPPDM client: one domain (cross-silo) holding its whole user-item graph and a Gaussian LightGCN.
 
 Only the domain's users' Gaussians (mu, sigma) leave it; item parameters and interactions
-stay. Each round it trains `local_epochs` epochs of the Wasserstein metric loss plus
+stay. Each round it trains `fppdm.training.local_epochs` epochs of the Wasserstein metric loss plus
 lambda_P * W2^2(local user, global user) towards the barycenters the server sent back.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -18,32 +16,32 @@ from fedrec_flwr.data import Domain
 from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
 from fedrec_flwr.fppdm.secure_barycenter import (
     decrypt_barycenters,
+    domain_crypto,
     encrypt_users,
     public_n_array,
 )
-from fedrec_flwr.privacy.paillier_pack import DomainKeys, FixedPointPacker
 
 
 class FPPDMDomainClient(NumPyClient):
-    """One domain. `store` keeps the model between rounds (the node's own state)."""
+    """One domain. `store` keeps the model between rounds (the node's own state).
+
+    The Flower adapter: it hands each core its own `fppdm` sections (the trainer `model`,
+    `training`, `coclustering` and the seed; evaluation `evaluation`; encryption `secure`).
+    """
 
     def __init__(self, cfg: AppConfig, domain: Domain, domain_index: int, store, device: torch.device | None = None):
-        self.trainer = DomainTrainer(cfg, DomainData(domain), domain_index, device)
+        f = cfg.fppdm
+        self.trainer = DomainTrainer(DomainData(domain), domain_index, f.model, f.training, f.coclustering, cfg.seed, device)
+        self.evaluation = f.evaluation
         self.store = store
-        self.keys = self.packer = None
-        if cfg.fppdm.secure:
-            if not cfg.fppdm.key_file:
-                raise ValueError("fppdm.secure needs fppdm.key_file: create one with "
-                                 "`python -m fedrec_flwr.privacy.paillier_pack --out FILE` and give it to every domain")
-            self.keys = DomainKeys.load(Path(cfg.fppdm.key_file))
-            self.packer = FixedPointPacker(key_bits=cfg.fppdm.key_bits)
+        self.keys, self.packer = domain_crypto(f.secure) or (None, None)
         saved = store.load()
         if saved is not None:
             self.trainer.load_state(saved)
 
     def fit(self, parameters, config):
         """Train towards the global user distributions; upload this domain's users' (ids, mu, sigma)."""
-        dim = self.trainer.f.dim
+        dim = self.trainer.dim
         ids, g_mu, g_sigma = np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros((0, dim), np.float32)
         if parameters and self.keys is not None:  # encrypted sums: decrypt here, divide by the domain counts
             ids = np.asarray(parameters[0], np.int64)
@@ -61,5 +59,5 @@ class FPPDMDomainClient(NumPyClient):
 
     def evaluate(self, parameters, config):
         """Ranking metrics on this domain's leave-one-out test items."""
-        metrics = self.trainer.evaluate()
+        metrics = self.trainer.evaluate(self.evaluation)
         return 0.0, int(metrics["n"]), {**metrics, "domain": self.trainer.data.name}

@@ -120,7 +120,8 @@ def deploy_and_run(algorithm: str, work: Path, rounds: int, nodes: int) -> dict:
     else:
         preset, dataset = "fppdm", "synthetic-md3"
         data_set = []
-        run_set = [f"federation.rounds={rounds}", "federation.eval_every=1", "fppdm.local_epochs=1", "fppdm.dim=16"]
+        run_set = [f"federation.rounds={rounds}", "federation.eval_every=1", "fppdm.training.local_epochs=1",
+                   "fppdm.model.dim=16"]
         files = [data / f"domain-{i}.npz" for i in range(nodes)]
     subprocess.run([sys.executable, "-m", "fedrec_flwr.node_data", "--preset", preset, "--dataset", dataset, "--out",
                     str(data), "--cache-dir", str(work / "cache"), "--set", *data_set], check=True, cwd=ROOT,

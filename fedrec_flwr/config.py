@@ -1,4 +1,4 @@
-"""Typed run configuration: defaults <- conf/ preset <- conf/ dataset file <- overrides.
+"""Typed run configuration: defaults <- conf/ preset <- conf/ dataset files <- overrides.
 
 Every run (federated through `flwr run`, centralized, or a benchmark) resolves its
 settings here, so an unknown key or a wrong type fails before any work starts, with
@@ -215,33 +215,87 @@ class CentralizedConfig:
 
 
 @dataclass
-class FPPDMConfig:
-    """FPPDM / FPPDM++: per-domain Gaussian LightGCN, Wasserstein metric loss, barycenter server."""
+class FPPDMModelConfig:
+    """A domain's model: LightGCN embeddings as diagonal Gaussians (or points), and how users start."""
 
-    dim: int = 128
-    layers: int = 3
-    margin: float = 1.0
+    dim: int = 128  # D: size of every user's and item's mu (and sigma)
+    layers: int = 3  # LightGCN propagation layers
+    gaussian: bool = True  # false: point embeddings (sigma = 0, W2 becomes Euclidean): the LightGCN baseline
+    shared_user_init: bool = False  # users start from a draw seeded by their global id in every domain
+
+
+@dataclass
+class FPPDMTrainingConfig:
+    """A domain's local training each round: Adam on the W2 metric loss plus the pull to the global users."""
+
+    lr: float = 0.001  # Adam's learning rate
+    batch_size: int = 256  # training interactions per step (each step propagates the whole graph)
+    local_epochs: int = 5  # passes over the domain's interactions per round
+    margin: float = 1.0  # hinge margin between W2(user, positive) and W2(user, negative)
     lambda_p: float = 0.05  # weight of W2(local user, global user)
-    lr: float = 0.001
-    batch_size: int = 256
-    local_epochs: int = 5
-    negatives: int = 99  # sampled negatives per test user (leave-one-out ranking)
-    topk: list[int] = field(default_factory=lambda: [5, 10])
-    lambda_c: float = 0.0  # FPPDM++: weight of W2(user, its cluster); 0 disables co-clustering
+
+
+@dataclass
+class CoClusteringConfig:
+    """FPPDM++: compactness co-clustering of a domain's users, and the weight of its loss."""
+
+    lambda_c: float = 0.0  # weight of W2(user, its cluster); 0 disables co-clustering (plain FPPDM)
     clusters: int = 15  # M: eigenvectors kept and clusters formed
     knn: int = 10  # neighbours per user in the sparse similarity S
     epsilon: float = 0.05  # entropy regulariser of S
     eta: float = 0.1  # entropy regulariser of the k-means assignment
-    secure: bool = False  # Paillier secure aggregation of the users' (mu, sigma)
+
+
+@dataclass
+class SecureAggregationConfig:
+    """Paillier secure aggregation of the users' (mu, sigma): the server only multiplies ciphertexts."""
+
+    enabled: bool = False
     key_file: str = ""  # the domains' shared Paillier key pair (JSON); never read by the server
-    key_bits: int = 2048
-    gaussian: bool = True  # false: point embeddings (sigma = 0, W2 becomes Euclidean): the LightGCN baseline
+    key_bits: int = 2048  # modulus size; the server checks ciphertext widths against it
+
+
+@dataclass
+class FPPDMEvaluationConfig:
+    """Leave-one-out ranking of each domain's test users."""
+
+    negatives: int = 99  # sampled non-interacted items ranked against each test positive
+    topk: list[int] = field(default_factory=lambda: [5, 10])  # K of HR@K and NDCG@K
+
+
+@dataclass
+class FPPDMServerConfig:
+    """What the server does with the domains' uploads: whether it aggregates, and which values it accepts."""
+
     aggregate: bool = True  # false: every domain trains alone (the single-domain baseline)
-    shared_user_init: bool = False  # users start from a draw seeded by their global id in every domain
-    # server-side bounds on a domain's upload: |mu| <= max_abs_mu and sigma <= max_sigma (honest
-    # values are O(1); the bounds stop a domain from dragging the barycenter arbitrarily far)
+    # bounds on a domain's upload: |mu| <= max_abs_mu and sigma <= max_sigma (honest values are
+    # O(1); the bounds stop a domain from dragging the barycenter arbitrarily far)
     max_abs_mu: float = 1000.0
     max_sigma: float = 1000.0
+
+
+@dataclass
+class FPPDMConfig:
+    """FPPDM / FPPDM++: per-domain Gaussian LightGCN, Wasserstein metric loss, barycenter server."""
+
+    model: FPPDMModelConfig = field(default_factory=FPPDMModelConfig)
+    training: FPPDMTrainingConfig = field(default_factory=FPPDMTrainingConfig)
+    coclustering: CoClusteringConfig = field(default_factory=CoClusteringConfig)
+    secure: SecureAggregationConfig = field(default_factory=SecureAggregationConfig)
+    evaluation: FPPDMEvaluationConfig = field(default_factory=FPPDMEvaluationConfig)
+    server: FPPDMServerConfig = field(default_factory=FPPDMServerConfig)
+
+
+# keys of the flat `fppdm` section and where they live now; an old key fails naming its new one
+MOVED_KEYS: dict[str, str] = {
+    **{f"fppdm.{k}": f"fppdm.model.{k}" for k in ("dim", "layers", "gaussian", "shared_user_init")},
+    **{f"fppdm.{k}": f"fppdm.training.{k}" for k in ("lr", "batch_size", "local_epochs", "margin", "lambda_p")},
+    **{f"fppdm.{k}": f"fppdm.coclustering.{k}" for k in ("lambda_c", "clusters", "knn", "epsilon", "eta")},
+    "fppdm.secure": "fppdm.secure.enabled",
+    **{f"fppdm.{k}": f"fppdm.secure.{k}" for k in ("key_file", "key_bits")},
+    **{f"fppdm.{k}": f"fppdm.evaluation.{k}" for k in ("negatives", "topk")},
+    **{f"fppdm.{k}": f"fppdm.server.{k}" for k in ("aggregate", "max_abs_mu", "max_sigma")},
+}
 
 
 @dataclass
@@ -324,8 +378,6 @@ _RANGES: dict[str, Range] = {
     "data.synthetic.test_fraction": Range(0, 1, open_high=True, text="0 <= fraction < 1"),
     "model.init_std": _POSITIVE,
     "privacy.delta": Range(0, 1, open_low=True, open_high=True, text="0 < delta < 1"),
-    "fppdm.max_abs_mu": _POSITIVE,
-    "fppdm.max_sigma": _POSITIVE,
     "model.dim": _AT_LEAST_ONE,
     "model.dropout": Range(0, 1, open_high=True, text="0 <= dropout < 1"),
     "model.heads": _AT_LEAST_ONE,
@@ -368,21 +420,23 @@ _RANGES: dict[str, Range] = {
     "centralized.lr": _POSITIVE,
     "centralized.batch_users": _AT_LEAST_ONE,
     "centralized.weight_decay": _NON_NEGATIVE,
-    "fppdm.dim": _AT_LEAST_ONE,
-    "fppdm.layers": _AT_LEAST_ONE,
-    "fppdm.margin": _POSITIVE,
-    "fppdm.lambda_p": _NON_NEGATIVE,
-    "fppdm.lr": _POSITIVE,
-    "fppdm.batch_size": _AT_LEAST_ONE,
-    "fppdm.local_epochs": _AT_LEAST_ONE,
-    "fppdm.negatives": _AT_LEAST_ONE,
-    "fppdm.topk": _AT_LEAST_ONE,
-    "fppdm.lambda_c": _NON_NEGATIVE,  # 0 disables co-clustering
-    "fppdm.clusters": _AT_LEAST_ONE,
-    "fppdm.knn": _AT_LEAST_ONE,
-    "fppdm.epsilon": _POSITIVE,
-    "fppdm.eta": _POSITIVE,
-    "fppdm.key_bits": Range(512),  # shorter Paillier moduli are factored quickly
+    "fppdm.model.dim": _AT_LEAST_ONE,
+    "fppdm.model.layers": _AT_LEAST_ONE,
+    "fppdm.training.lr": _POSITIVE,
+    "fppdm.training.batch_size": _AT_LEAST_ONE,
+    "fppdm.training.local_epochs": _AT_LEAST_ONE,
+    "fppdm.training.margin": _POSITIVE,
+    "fppdm.training.lambda_p": _NON_NEGATIVE,
+    "fppdm.coclustering.lambda_c": _NON_NEGATIVE,  # 0 disables co-clustering
+    "fppdm.coclustering.clusters": _AT_LEAST_ONE,
+    "fppdm.coclustering.knn": _AT_LEAST_ONE,
+    "fppdm.coclustering.epsilon": _POSITIVE,
+    "fppdm.coclustering.eta": _POSITIVE,
+    "fppdm.secure.key_bits": Range(512),  # shorter Paillier moduli are factored quickly
+    "fppdm.evaluation.negatives": _AT_LEAST_ONE,
+    "fppdm.evaluation.topk": _AT_LEAST_ONE,
+    "fppdm.server.max_abs_mu": _POSITIVE,
+    "fppdm.server.max_sigma": _POSITIVE,
 }
 
 
@@ -402,7 +456,7 @@ def _preset_path(name: str) -> Path:
 
 
 def dataset_conf_path(name: str) -> Path:
-    """conf/datasets/<name>.yaml, the per-dataset settings merged over a preset."""
+    """conf/datasets/<name>.yaml, the per-dataset settings (optionally per algorithm) merged over a preset."""
     return CONF_DIR / "datasets" / f"{name}.yaml"
 
 
@@ -456,7 +510,32 @@ def parse_overrides(text: str) -> list[str]:
     return items
 
 
+_ABSENT = object()
+
+
+def _moved_keys_in(layer) -> list[tuple[str, str]]:
+    """(old, new) for every key of MOVED_KEYS that `layer` sets as a value (an old flat key, not a new section)."""
+    data = OmegaConf.to_container(layer, resolve=False) if isinstance(layer, DictConfig) else {}
+    found = []
+    for old, new in MOVED_KEYS.items():
+        value: Any = data
+        for part in old.split("."):
+            value = value.get(part, _ABSENT) if isinstance(value, dict) else _ABSENT
+        if value is not _ABSENT and not isinstance(value, dict):
+            found.append((old, new))
+    return found
+
+
+def _refuse_moved(moved: list[tuple[str, str]], source: str) -> None:
+    """ConfigError naming each moved key's new name, if there is any."""
+    if len(moved) == 1:
+        raise ConfigError(f"{source}: config key '{moved[0][0]}' has moved; use '{moved[0][1]}'")
+    if moved:
+        raise ConfigError(f"{source}: config keys have moved; use " + ", ".join(f"'{n}' for '{o}'" for o, n in moved))
+
+
 def _merge(base, layer, source: str):
+    _refuse_moved(_moved_keys_in(layer), source)
     try:
         return OmegaConf.merge(base, layer)
     except OmegaConfBaseException as exc:
@@ -477,6 +556,26 @@ def _merge_preset(cfg, preset: str, chain: tuple[str, ...]):
         except ConfigError as exc:
             raise ConfigError(f"conf/{preset}.yaml, key 'base': {exc}") from exc
     return _merge(cfg, layer, f"conf/{preset}.yaml")
+
+
+def _merge_dataset_file(cfg, path: Path):
+    """Merge conf/datasets/<dataset>.yaml: its top-level keys, then its `algorithms.<cfg.algorithm>` section.
+
+    `algorithms` maps an algorithm name to settings in the AppConfig layout that apply to every
+    preset of that algorithm on this dataset; every section is checked, only the preset's own merged.
+    """
+    source = str(path.relative_to(CONF_DIR.parent))
+    layer = _load_yaml(path, "settings file", [])
+    sections = layer.pop("algorithms", None) if isinstance(layer, DictConfig) else None
+    cfg = _merge(cfg, layer, source)
+    if sections is None:
+        return cfg
+    unknown = sorted(set(sections) - set(ALGORITHMS)) if isinstance(sections, DictConfig) else [sections]
+    if unknown:
+        raise ConfigError(f"{source}: key 'algorithms' maps algorithm names {tuple(ALGORITHMS)} to settings; "
+                          f"got {unknown}")
+    merged = {name: _merge(cfg, section, f"{source}, section 'algorithms.{name}'") for name, section in sections.items()}
+    return merged.get(cfg.algorithm, cfg)
 
 
 def _get(cfg: AppConfig, key: str) -> Any:
@@ -528,19 +627,25 @@ def load_config(
 ) -> AppConfig:
     """Resolve a preset, a dataset file and key=value overrides into a validated AppConfig.
 
-    `extra` holds already-typed values (e.g. from Flower's run config) applied last.
+    Later layers win: preset (after its `base:`) < conf/datasets/<dataset>.yaml (its top-level keys,
+    then its section for the preset's algorithm) < conf/<preset>/<dataset>.yaml < overrides <
+    `extra`, already-typed values (e.g. from Flower's run config).
     """
     cfg = _merge_preset(OmegaConf.structured(AppConfig), preset, ())
     cfg.preset = preset
     dataset = dataset or cfg.data.name  # no dataset given: the preset's own default
     if dataset:
-        for path in (dataset_conf_path(dataset), preset_dataset_conf_path(preset, dataset)):
-            if path.is_file():
-                cfg = _merge(cfg, _load_yaml(path, "settings file", []), str(path.relative_to(CONF_DIR.parent)))
+        if dataset_conf_path(dataset).is_file():
+            cfg = _merge_dataset_file(cfg, dataset_conf_path(dataset))
+        path = preset_dataset_conf_path(preset, dataset)
+        if path.is_file():
+            cfg = _merge(cfg, _load_yaml(path, "settings file", []), str(path.relative_to(CONF_DIR.parent)))
         cfg.data.name = dataset
     if overrides:
         layer = OmegaConf.create()
         for item in overrides:
+            key = item.split("=", 1)[0].strip()
+            _refuse_moved([(key, MOVED_KEYS[key])] if key in MOVED_KEYS else [], "override")
             try:
                 layer.merge_with_dotlist([item])
             except Exception as exc:

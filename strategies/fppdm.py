@@ -28,7 +28,7 @@ class WassersteinBarycenterStrategy(FedAvg):
         super().__init__(min_fit_clients=num_domains, min_available_clients=num_domains,
                          min_evaluate_clients=num_domains, accept_failures=True)
         self.cfg, self.num_domains = cfg, num_domains
-        self.rounds = FPPDMRounds(cfg, num_users, recorder, num_domains)
+        self.rounds = FPPDMRounds.from_config(cfg, num_users, recorder, num_domains)
         self.round_started = time.time()
 
     @property

@@ -119,3 +119,88 @@ def test_a_preset_can_carry_settings_for_one_dataset():
     assert load_config("fedgnn_tuned", "ml-100k").federation.rounds == 300
     assert load_config("fedgnn", "douban").federation.rounds == load_config("fedgnn", "ml-100k").federation.rounds
     assert load_config("fedgnn_tuned", "douban", ["federation.rounds=7"]).federation.rounds == 7
+
+
+@pytest.mark.parametrize("old, new", [
+    ("fppdm.lr=0.01", "fppdm.training.lr"), ("fppdm.dim=16", "fppdm.model.dim"),
+    ("fppdm.secure=true", "fppdm.secure.enabled"), ("fppdm.key_bits=1024", "fppdm.secure.key_bits"),
+    ("fppdm.topk=[5]", "fppdm.evaluation.topk"), ("fppdm.lambda_c=0.1", "fppdm.coclustering.lambda_c"),
+    ("fppdm.aggregate=false", "fppdm.server.aggregate"), ("fppdm.max_sigma=5", "fppdm.server.max_sigma"),
+])
+def test_an_old_flat_fppdm_key_names_its_new_key(old, new):
+    message = f"config key '{old.split('=')[0]}' has moved; use '{new}'"
+    with pytest.raises(ConfigError, match=re.escape(f"override: {message}")):
+        load_config("fppdm", None, [old])
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_run_config({"preset": "fppdm", "set": f"federation.rounds=2 {old}"})
+    assert load_config("fppdm", None, [old.replace(old.split("=")[0], new)])  # the new key works
+
+
+def test_an_old_flat_fppdm_key_in_a_conf_file_names_its_new_key(tmp_path, monkeypatch):
+    import fedrec_flwr.config as config
+
+    (tmp_path / "old.yaml").write_text("algorithm: fppdm\nfppdm:\n  lr: 0.01\n  secure: true\n  model:\n    dim: 8\n")
+    monkeypatch.setattr(config, "CONF_DIR", tmp_path)
+    with pytest.raises(ConfigError, match=re.escape("conf/old.yaml: config keys have moved; use "
+                                                    "'fppdm.training.lr' for 'fppdm.lr', 'fppdm.secure.enabled' for 'fppdm.secure'")):
+        load_config("old")
+
+
+def test_each_fppdm_section_is_typed_and_overridable():
+    cfg = load_config("fppdm_pp", None, ["fppdm.training.lr=0.02", "fppdm.model.dim=8", "fppdm.secure.enabled=true",
+                                         "fppdm.server.max_abs_mu=5", "fppdm.evaluation.negatives=49"])
+    f = cfg.fppdm
+    assert (f.training.lr, f.model.dim, f.secure.enabled, f.server.max_abs_mu, f.evaluation.negatives) == (0.02, 8, True, 5.0, 49)
+    assert (f.coclustering.lambda_c, f.coclustering.clusters, f.training.batch_size) == (0.07, 15, 256)
+    assert load_config("single_domain").fppdm.server.aggregate is False
+    assert load_config("fedavg_lightgcn").fppdm.model.gaussian is False
+    with pytest.raises(ConfigError, match="fppdm.training.learning_rate"):
+        load_config("fppdm", None, ["fppdm.training.learning_rate=0.1"])
+    with pytest.raises(ConfigError, match=re.escape("'fppdm.coclustering.epsilon' = 0.0; expected > 0")):
+        load_config("fppdm", None, ["fppdm.coclustering.epsilon=0"])
+
+
+@pytest.mark.parametrize("dataset, rounds, eval_every, epochs, batch, lr", [
+    ("douban-book-music", 12, 4, 1, 2048, 0.003),
+    ("amazon-phone-elec", 6, 2, 1, 8192, 0.01),
+    ("amazon-cloth-sport", 6, 2, 1, 8192, 0.01),
+])
+def test_every_fppdm_preset_resolves_to_the_tables_settings_for_a_dataset(dataset, rounds, eval_every, epochs, batch, lr):
+    """conf/datasets/<dataset>.yaml `algorithms.fppdm`: what `benchmarks.run --preset P --dataset D` runs (no data read)."""
+    for preset in ("single_domain", "fedavg_lightgcn", "fppdm", "fppdm_pp"):
+        cfg = load_config(preset, dataset)
+        t = cfg.fppdm.training
+        assert (cfg.federation.rounds, cfg.federation.eval_every, t.local_epochs, t.batch_size, t.lr) == (
+            rounds, eval_every, epochs, batch, lr), preset
+    assert load_config("fppdm_pp", dataset).fppdm.coclustering.lambda_c == 0.07  # the preset's own keys stay
+    assert load_config("single_domain", dataset).fppdm.training.lambda_p == 0.0
+    assert load_config("fppdm", dataset, ["fppdm.training.lr=0.5"]).fppdm.training.lr == 0.5
+    assert load_config("fedgnn", dataset).federation.rounds == load_config("fedgnn").federation.rounds  # FPPDM only
+
+
+def test_dataset_file_sections_per_algorithm_and_their_precedence(tmp_path, monkeypatch):
+    """preset < conf/datasets/<d>.yaml (top level, then algorithms.<algorithm>) < conf/<preset>/<d>.yaml < --set."""
+    import fedrec_flwr.config as config
+
+    (tmp_path / "datasets").mkdir()
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p.yaml").write_text("algorithm: fppdm\nfederation:\n  rounds: 1\n  eval_every: 1\n  min_clients: 1\n")
+    (tmp_path / "q.yaml").write_text("algorithm: fedgnn\nfederation:\n  rounds: 1\n")
+    (tmp_path / "datasets" / "d.yaml").write_text(
+        "federation:\n  rounds: 2\n  eval_every: 2\n  min_clients: 2\n"
+        "algorithms:\n  fppdm:\n    federation:\n      rounds: 3\n      eval_every: 3\n"
+        "  fedgnn:\n    model:\n      dim: 4\n")
+    (tmp_path / "p" / "d.yaml").write_text("federation:\n  rounds: 4\n")
+    monkeypatch.setattr(config, "CONF_DIR", tmp_path)
+    cfg = load_config("p", "d")
+    assert (cfg.federation.min_clients, cfg.federation.eval_every, cfg.federation.rounds) == (2, 3, 4)
+    assert load_config("p", "d", ["federation.rounds=5"]).federation.rounds == 5
+    other = load_config("q", "d")
+    assert (other.federation.rounds, other.federation.eval_every, other.model.dim) == (2, 2, 4)
+    (tmp_path / "datasets" / "d.yaml").write_text("algorithms:\n  fppdm:\n    fppdm:\n      lr: 0.1\n")
+    with pytest.raises(ConfigError, match=re.escape("section 'algorithms.fppdm': config key 'fppdm.lr' has moved; "
+                                                    "use 'fppdm.training.lr'")):
+        load_config("q", "d")  # every section is checked, not only the preset's own
+    (tmp_path / "datasets" / "d.yaml").write_text("algorithms:\n  fppmd:\n    federation:\n      rounds: 3\n")
+    with pytest.raises(ConfigError, match=r"datasets/d.yaml: key 'algorithms' maps algorithm names .*got \['fppmd'\]"):
+        load_config("p", "d")

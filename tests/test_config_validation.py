@@ -48,7 +48,7 @@ def _outside(key: str) -> list[str]:
 
 def test_every_numeric_key_has_a_range_rule():
     keys = numeric_keys()
-    assert {"seed", "data.synthetic.degree_exponent", "fppdm.topk", "deployment.node_wait_seconds"} <= set(keys)
+    assert {"seed", "data.synthetic.degree_exponent", "fppdm.evaluation.topk", "deployment.node_wait_seconds"} <= set(keys)
     assert sorted(set(keys) - set(_RANGES)) == [], "numeric config keys without a rule in config._RANGES"
     assert sorted(set(_RANGES) - set(keys)) == [], "rules in config._RANGES for keys that do not exist"
 
@@ -82,9 +82,9 @@ def test_every_bounded_key_refuses_a_value_outside_its_range(key):
     ("centralized.lr=-0.1", "'centralized.lr' = -0.1; expected > 0"),
     ("data.synthetic.degree_exponent=1.0", "'data.synthetic.degree_exponent' = 1.0; expected > 1"),
     ("data.synthetic.test_fraction=1.0", "'data.synthetic.test_fraction' = 1.0; expected 0 <= fraction < 1"),
-    ("fppdm.key_bits=511", "'fppdm.key_bits' = 511; expected >= 512"),
-    ("fppdm.topk=[]", "'fppdm.topk' = []; expected a non-empty list"),
-    ("fppdm.topk=[5,0]", "'fppdm.topk' = [5, 0]; expected every element >= 1"),
+    ("fppdm.secure.key_bits=511", "'fppdm.secure.key_bits' = 511; expected >= 512"),
+    ("fppdm.evaluation.topk=[]", "'fppdm.evaluation.topk' = []; expected a non-empty list"),
+    ("fppdm.evaluation.topk=[5,0]", "'fppdm.evaluation.topk' = [5, 0]; expected every element >= 1"),
     ("deployment.node_wait_seconds=-1", "'deployment.node_wait_seconds' = -1.0; expected >= 0"),
 ])
 def test_range_errors_name_the_key_and_the_range(override, message):
@@ -97,13 +97,14 @@ def test_expansion_right_after_registration_stays_allowed():
 
 
 def test_list_values_survive_override_parsing():
-    assert parse_overrides("fppdm.topk=[5,10] federation.rounds=2") == ["fppdm.topk=[5,10]", "federation.rounds=2"]
-    assert parse_overrides("fppdm.topk=[5, 10]") == ["fppdm.topk=[5,10]"]
+    assert parse_overrides("fppdm.evaluation.topk=[5,10] federation.rounds=2") == [
+        "fppdm.evaluation.topk=[5,10]", "federation.rounds=2"]
+    assert parse_overrides("fppdm.evaluation.topk=[5, 10]") == ["fppdm.evaluation.topk=[5,10]"]
     assert parse_overrides("a=1,b=2") == ["a=1", "b=2"]  # comma-separated items still split
     assert parse_overrides("x='a, b' y=2") == ["x=a, b", "y=2"]
-    assert load_config("fppdm", None, ["fppdm.topk=[1,20]"]).fppdm.topk == [1, 20]
-    cfg = from_run_config({"preset": "fppdm", "set": "fppdm.topk=[3, 7] federation.rounds=2"})
-    assert cfg.fppdm.topk == [3, 7] and cfg.federation.rounds == 2
+    assert load_config("fppdm", None, ["fppdm.evaluation.topk=[1,20]"]).fppdm.evaluation.topk == [1, 20]
+    cfg = from_run_config({"preset": "fppdm", "set": "fppdm.evaluation.topk=[3, 7] federation.rounds=2"})
+    assert cfg.fppdm.evaluation.topk == [3, 7] and cfg.federation.rounds == 2
 
 
 @pytest.mark.parametrize("run_config, message", [
@@ -120,7 +121,7 @@ def test_run_config_errors_name_the_run_config_key(run_config, message):
 
 @pytest.mark.parametrize("override, key", [
     ("model.colour=3", "model.colour"), ("federation.rounds=many", "federation.rounds"),
-    ("fppdm.topk=[a]", "fppdm.topk"), ("local.user_lr=nan", "local.user_lr"),
+    ("fppdm.evaluation.topk=[a]", "fppdm.evaluation.topk"), ("local.user_lr=nan", "local.user_lr"),
 ])
 def test_each_error_is_one_line_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:
@@ -143,8 +144,8 @@ def test_benchmark_mains_exit_2_on_config_errors(tmp_path, capsys, monkeypatch):
         "error: config key 'centralized.lr' = inf; expected a finite number (not NaN or infinity)"]
     import benchmarks.direct as direct  # imports torch: only here
 
-    monkeypatch.setattr(sys, "argv", ["direct", "--set", "fppdm.key_bits=64"])
+    monkeypatch.setattr(sys, "argv", ["direct", "--set", "fppdm.secure.key_bits=64"])
     with pytest.raises(SystemExit) as stopped:
         direct.main()
     assert stopped.value.code == 2 and capsys.readouterr().err.splitlines() == [
-        "error: config key 'fppdm.key_bits' = 64; expected >= 512"]
+        "error: config key 'fppdm.secure.key_bits' = 64; expected >= 512"]

@@ -66,7 +66,8 @@ def test_flwr_run_with_graph_expansion(tmp_path, capsys):
 def test_flwr_run_fppdm_one_supernode_per_domain(tmp_path, capsys):
     out = tmp_path / "out"
     run_main(["--preset", "fppdm", "--dataset", "synthetic-md3", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
-              "--set", "federation.rounds=2", "federation.eval_every=1", "fppdm.dim=16", "fppdm.local_epochs=1"])
+              "--set", "federation.rounds=2", "federation.eval_every=1", "fppdm.model.dim=16",
+              "fppdm.training.local_epochs=1"])
     final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     doc = json.loads((out / "results.json").read_text())
     assert doc["status"] == "finished" and doc["algorithm"] == "fppdm"
@@ -83,9 +84,9 @@ def test_flwr_run_fppdm_with_paillier_secure_aggregation(tmp_path, capsys):
     key_file = tmp_path / "domains.key.json"
     DomainKeys.generate(1024).save(key_file)
     common = ["--dataset", "synthetic-md3", "--cache-dir", str(tmp_path / "cache"), "--set", "federation.rounds=2",
-              "federation.eval_every=2", "fppdm.dim=8", "fppdm.local_epochs=1"]
-    run_main(["--preset", "fppdm", "--out", str(tmp_path / "secure"), *common, "fppdm.secure=true",
-              f"fppdm.key_file={key_file}", "fppdm.key_bits=1024"])
+              "federation.eval_every=2", "fppdm.model.dim=8", "fppdm.training.local_epochs=1"]
+    run_main(["--preset", "fppdm", "--out", str(tmp_path / "secure"), *common, "fppdm.secure.enabled=true",
+              f"fppdm.secure.key_file={key_file}", "fppdm.secure.key_bits=1024"])
     run_main(["--preset", "fppdm", "--out", str(tmp_path / "plain"), *common])
     secure = json.loads((tmp_path / "secure" / "results.json").read_text())
     plain = json.loads((tmp_path / "plain" / "results.json").read_text())

@@ -97,15 +97,21 @@ def test_domain_uploads_are_validated(arrays, reason):
 
 
 def test_point_embeddings_must_upload_zero_sigma():
-    """fppdm.gaussian = false (the LightGCN baseline): sigma is exactly 0, anything else is refused."""
+    """fppdm.model.gaussian = false (the LightGCN baseline): sigma is exactly 0, anything else is refused."""
     validate_distributions([IDS, ZEROS, np.zeros((2, 2))], 5, 2, gaussian=False)
     with pytest.raises(UploadRejected, match="sigma must be 0"):
         validate_distributions([IDS, ZEROS, ONES], 5, 2, gaussian=False)
 
 
 def _cfg(tmp_path, *extra):
-    return load_config("fppdm", "synthetic-md3", [f"output_dir={tmp_path}", "fppdm.dim=16", "fppdm.local_epochs=2",
-                                                  "fppdm.lr=0.01", *extra])
+    return load_config("fppdm", "synthetic-md3", [f"output_dir={tmp_path}", "fppdm.model.dim=16",
+                                                  "fppdm.training.local_epochs=2", "fppdm.training.lr=0.01", *extra])
+
+
+def _trainer(cfg, domain, index=0):
+    """The domain core, given only the sections it reads."""
+    f = cfg.fppdm
+    return DomainTrainer(DomainData(domain), index, f.model, f.training, f.coclustering, cfg.seed)
 
 
 def test_negatives_are_never_positives():
@@ -118,23 +124,24 @@ def test_negatives_are_never_positives():
 def test_domain_training_beats_random_ranking(tmp_path):
     cfg = _cfg(tmp_path)
     domain = make_synthetic_multidomain(seed=0).domains[0]
-    trainer = DomainTrainer(cfg, DomainData(domain), 0)
-    before = trainer.evaluate()
+    trainer = _trainer(cfg, domain)
+    before = trainer.evaluate(cfg.fppdm.evaluation)
     for r in range(1, 4):
         trainer.train(r, np.zeros(0, np.int64), np.zeros((0, 16), np.float32), np.zeros((0, 16), np.float32))
-    after = trainer.evaluate()
+    after = trainer.evaluate(cfg.fppdm.evaluation)
     assert after["hr@10"] > 0.2 and after["hr@10"] > before["hr@10"] + 0.05  # random: 10/100
     assert 0 <= after["ndcg@10"] <= after["hr@10"]
 
 
 def test_fppdm_pp_round_pulls_users_towards_their_clusters(tmp_path):
-    from fedrec_flwr.fppdm.coclustering import co_cluster
+    from fedrec_flwr.fppdm.coclustering import cluster_users
 
-    cfg = _cfg(tmp_path, "fppdm.lambda_c=5.0", "fppdm.clusters=4", "fppdm.local_epochs=2")
+    cfg = _cfg(tmp_path, "fppdm.coclustering.lambda_c=5.0", "fppdm.coclustering.clusters=4",
+               "fppdm.training.local_epochs=2")
     domain = make_synthetic_multidomain(seed=0).domains[0]
-    trainer = DomainTrainer(cfg, DomainData(domain), 0)
+    trainer = _trainer(cfg, domain)
     mu0, s0 = trainer.user_distributions()
-    cl = co_cluster(mu0, s0, 4, cfg.fppdm.knn, cfg.fppdm.epsilon, cfg.fppdm.eta, seed=cfg.seed + 1)
+    cl = cluster_users(mu0, s0, cfg.fppdm.coclustering, seed=cfg.seed + 1)
 
     def spread(mu, s):
         c = cl.hard()
@@ -208,7 +215,7 @@ def _fixed_domains(corrupt=None, bad_rounds=(), dim=2):
 
 
 def _strategy(tmp_path, *extra, num_users=6):
-    cfg = load_config("fppdm", "synthetic-md3", [f"output_dir={tmp_path}", "fppdm.dim=2", "federation.rounds=3",
+    cfg = load_config("fppdm", "synthetic-md3", [f"output_dir={tmp_path}", "fppdm.model.dim=2", "federation.rounds=3",
                                                  "federation.eval_every=3", *extra])
     recorder = RunRecorder(tmp_path, "fppdm", "fixed", {})
     return WassersteinBarycenterStrategy(cfg, num_users, 3, recorder), recorder
@@ -309,7 +316,7 @@ def test_evaluation_replies_out_of_range_are_rejected(tmp_path):
 
 
 def test_only_user_distributions_leave_a_domain_and_k3_rounds_run(tmp_path):
-    cfg = _cfg(tmp_path, "fppdm.local_epochs=1", "federation.rounds=3", "federation.eval_every=3")
+    cfg = _cfg(tmp_path, "fppdm.training.local_epochs=1", "federation.rounds=3", "federation.eval_every=3")
     ds = make_synthetic_multidomain(seed=0, num_domains=3)
     recorder = RunRecorder(tmp_path, "fppdm", ds.name, {})
     strategy = WassersteinBarycenterStrategy(cfg, ds.num_users, 3, recorder)
@@ -345,8 +352,9 @@ def test_paillier_round_equals_plaintext_barycenter_and_server_sees_no_values(tm
     ds = make_synthetic_multidomain(seed=0, num_domains=3)
     results = {}
     for secure in (False, True):
-        cfg = _cfg(tmp_path, "fppdm.local_epochs=1", "fppdm.dim=8", f"fppdm.secure={secure}", "federation.rounds=3",
-                   "federation.eval_every=3", f"fppdm.key_file={key_file}", "fppdm.key_bits=1024")
+        cfg = _cfg(tmp_path, "fppdm.training.local_epochs=1", "fppdm.model.dim=8", f"fppdm.secure.enabled={secure}",
+                   "federation.rounds=3", "federation.eval_every=3", f"fppdm.secure.key_file={key_file}",
+                   "fppdm.secure.key_bits=1024")
         strategy = WassersteinBarycenterStrategy(cfg, ds.num_users, 3)
         clients = {k: _Recorded(FPPDMDomainClient(cfg, dom, k, _Store())) for k, dom in enumerate(ds.domains)}
         drive(strategy, clients, last_round=2)
@@ -361,3 +369,22 @@ def test_paillier_round_equals_plaintext_barycenter_and_server_sees_no_values(tm
     assert np.array_equal(results[False][0], results[True][0])
     assert np.allclose(results[False][1], results[True][1], atol=1e-4)
     assert np.allclose(results[False][2], results[True][2], atol=1e-4)
+
+
+def test_the_round_core_reads_only_its_sections():
+    """FPPDMRounds takes fppdm.model, fppdm.server, fppdm.secure and federation, not a whole AppConfig."""
+    from fedrec_flwr.config import FederationConfig, FPPDMModelConfig, FPPDMServerConfig, SecureAggregationConfig
+    from fedrec_flwr.fppdm.rounds import FPPDMRounds
+    from fedrec_flwr.messages import NodeReply
+
+    def rounds(**server):
+        return FPPDMRounds(6, FPPDMModelConfig(dim=2), FPPDMServerConfig(**server), SecureAggregationConfig(),
+                           FederationConfig(rounds=2, eval_every=1, min_clients=1))
+
+    upload = [IDS, np.full((2, 2), 3.0, np.float32), np.ones((2, 2), np.float32)]
+    tight = rounds(max_abs_mu=2.0)
+    assert tight.validate_reply(1, NodeReply(0, upload)) is None
+    assert "exceeds the bound 2" in tight.rejections[-1][1]
+    alone = rounds(aggregate=False)
+    alone.train(1, [NodeReply(0, upload)], [], 0.0)
+    assert alone.global_users.ids.tolist() == [0, 1] and alone.download(0) == []  # nothing sent back

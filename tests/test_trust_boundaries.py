@@ -192,7 +192,7 @@ def test_the_operators_node_list_binds_users_and_domains(tmp_path, tiny_cfg):
     for node, users in ((12, [0]), (13, [2])):
         with pytest.raises(UploadRejected, match=f"not assigned to node {node}"):
             registry.check_claim(node, users)
-    rounds = FPPDMRounds(cfg, num_users=5, num_domains=3)
+    rounds = FPPDMRounds.from_config(cfg, num_users=5, num_domains=3)
     assert rounds.validate_reply(1, NodeReply(13, [np.zeros(0)])) is None
     assert "not a domain of deployment.node_list" in rounds.rejections[-1][1]
     for text, why in (('{"1": [0], "2": [0]}', "listed for nodes 1 and 2"), ('{"1": [7]}', "outside \\[0, 3\\)"),

@@ -19,6 +19,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import eigsh
 
+from fedrec_flwr.config import CoClusteringConfig
+
 
 @dataclass
 class Clusters:
@@ -102,3 +104,8 @@ def co_cluster(mu: np.ndarray, sigma: np.ndarray, clusters: int = 15, k: int = 1
     q = entropic_kmeans(f, clusters, eta, seed)
     weights = q / np.maximum(q.sum(0, keepdims=True), 1e-12)
     return Clusters(q.astype(np.float32), (weights.T @ mu).astype(np.float32), (weights.T @ sigma).astype(np.float32))
+
+
+def cluster_users(mu: np.ndarray, sigma: np.ndarray, settings: CoClusteringConfig, seed: int) -> Clusters:
+    """`co_cluster` with the `fppdm.coclustering` section's M, k, epsilon and eta."""
+    return co_cluster(mu, sigma, settings.clusters, settings.knn, settings.epsilon, settings.eta, seed=seed)

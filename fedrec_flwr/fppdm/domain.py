@@ -8,9 +8,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedrec_flwr.config import AppConfig
+from fedrec_flwr.config import (
+    CoClusteringConfig,
+    FPPDMEvaluationConfig,
+    FPPDMModelConfig,
+    FPPDMTrainingConfig,
+)
 from fedrec_flwr.data import Domain
-from fedrec_flwr.fppdm.coclustering import co_cluster
+from fedrec_flwr.fppdm.coclustering import cluster_users
 from fedrec_flwr.metrics import (
     hit_ratio_at_k,
     ndcg_at_k,
@@ -66,26 +71,36 @@ def sample_training_negatives(rng: np.random.Generator, data: DomainData, users:
 
 
 class DomainTrainer:
-    """The domain's model and its training/evaluation, independent of Flower."""
+    """The domain's model and its training/evaluation, independent of Flower.
 
-    def __init__(self, cfg: AppConfig, data: DomainData, domain_index: int, device: torch.device | None = None):
-        self.cfg, self.data, self.f = cfg, data, cfg.fppdm
+    Reads the `fppdm.model`, `fppdm.training` and `fppdm.coclustering` sections and the run seed;
+    `evaluate` takes `fppdm.evaluation`.
+    """
+
+    def __init__(self, data: DomainData, domain_index: int, model: FPPDMModelConfig, training: FPPDMTrainingConfig,
+                 coclustering: CoClusteringConfig, seed: int, device: torch.device | None = None):
+        self.data, self.domain_index, self.seed = data, domain_index, seed
+        self.model_cfg, self.training, self.coclustering = model, training, coclustering
         self.device = device or torch.device("cpu")
-        torch.manual_seed(cfg.seed * 1000 + domain_index)
+        torch.manual_seed(seed * 1000 + domain_index)
         adj = normalised_adjacency(data.num_users, data.num_items, data.users, data.items)
-        self.model = GaussianLightGCN(data.num_users, data.num_items, self.f.dim, self.f.layers, adj, self.f.gaussian).to(self.device)
-        self.domain_index = domain_index
-        if self.f.shared_user_init:
+        self.model = GaussianLightGCN(data.num_users, data.num_items, model.dim, model.layers, adj, model.gaussian).to(self.device)
+        if model.shared_user_init:
             self._init_users_by_global_id()
+
+    @property
+    def dim(self) -> int:
+        """Size of every user's and item's mu and sigma."""
+        return self.model_cfg.dim
 
     def _init_users_by_global_id(self) -> None:
         """Start each user's parameters from a draw seeded by (run seed, global user id): every domain
         holding a user starts it at the same point, as if the server had sent one initial global
         model, so the domains' user spaces start aligned and their barycenter is meaningful."""
-        mu = np.empty((self.data.num_users, self.f.dim), np.float32)
+        mu = np.empty((self.data.num_users, self.dim), np.float32)
         sigma = np.empty_like(mu)
         for i, g in enumerate(self.data.global_ids):
-            draw = np.random.default_rng([self.cfg.seed, 31, int(g)]).standard_normal((2, self.f.dim)) * 0.1
+            draw = np.random.default_rng([self.seed, 31, int(g)]).standard_normal((2, self.dim)) * 0.1
             mu[i], sigma[i] = draw
         with torch.no_grad():
             self.model.mu[: self.data.num_users] = torch.from_numpy(mu).to(self.device)
@@ -111,12 +126,12 @@ class DomainTrainer:
     def train(self, server_round: int, global_ids: np.ndarray, global_mu: np.ndarray, global_sigma: np.ndarray) -> float:
         """`local_epochs` epochs of hinge(margin + W2(u,pos) - W2(u,neg)) + lambda_P W2(u, global u)
         (+ lambda_C W2(u, its cluster) for FPPDM++)."""
-        d, f = self.data, self.f
-        rng = np.random.default_rng([self.cfg.seed, self.domain_index, server_round])
+        d, f, cc = self.data, self.training, self.coclustering
+        rng = np.random.default_rng([self.seed, self.domain_index, server_round])
         opt = torch.optim.Adam(self.model.parameters(), lr=f.lr)
         has_global = np.zeros(d.num_users, bool)
-        g_mu = torch.zeros(d.num_users, f.dim, device=self.device)
-        g_sigma = torch.ones(d.num_users, f.dim, device=self.device)
+        g_mu = torch.zeros(d.num_users, self.dim, device=self.device)
+        g_sigma = torch.ones(d.num_users, self.dim, device=self.device)
         if global_ids.size:
             local = np.array([d.local_of.get(int(g), -1) for g in global_ids])
             ok = local >= 0
@@ -125,9 +140,9 @@ class DomainTrainer:
             g_sigma[torch.from_numpy(local[ok])] = torch.from_numpy(global_sigma[ok]).to(self.device)
         has_global_t = torch.from_numpy(has_global).to(self.device)
         cluster_of = cluster_mu = cluster_sigma = None
-        if f.lambda_c > 0:  # FPPDM++: clusters from this round's starting distributions, fixed for the round
+        if cc.lambda_c > 0:  # FPPDM++: clusters from this round's starting distributions, fixed for the round
             mu0, sigma0 = self.user_distributions()
-            cl = co_cluster(mu0, sigma0, f.clusters, f.knn, f.epsilon, f.eta, seed=self.cfg.seed + server_round)
+            cl = cluster_users(mu0, sigma0, cc, seed=self.seed + server_round)
             cluster_of = torch.from_numpy(cl.hard()).to(self.device)
             cluster_mu = torch.from_numpy(cl.mu).to(self.device)
             cluster_sigma = torch.from_numpy(cl.sigma).to(self.device)
@@ -150,32 +165,44 @@ class DomainTrainer:
                     loss = loss + f.lambda_p * (w * w2_squared(mu[u], sigma[u], g_mu[u], g_sigma[u])).sum() / w.sum().clamp(min=1)
                 if cluster_of is not None:
                     c = cluster_of[u]
-                    loss = loss + f.lambda_c * w2_squared(mu[u], sigma[u], cluster_mu[c], cluster_sigma[c]).mean()
+                    loss = loss + cc.lambda_c * w2_squared(mu[u], sigma[u], cluster_mu[c], cluster_sigma[c]).mean()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())
         return float(np.mean(losses)) if losses else 0.0
 
-    def evaluate(self) -> dict[str, float]:
-        """HR@K and NDCG@K: each test positive ranked by -W2 against `negatives` sampled non-interacted items."""
-        d, f = self.data, self.f
-        if d.test_users.size == 0:
+    def evaluate(self, evaluation: FPPDMEvaluationConfig) -> dict[str, float]:
+        """HR@K and NDCG@K of the current model on this domain's test users (see `ranking_metrics`)."""
+        if self.data.test_users.size == 0:
             return {"n": 0}
         with torch.no_grad():
             mu, sigma = self.model()
-        mu, sigma = mu.cpu().numpy(), sigma.cpu().numpy()
-        rng = np.random.default_rng([self.cfg.seed, self.domain_index, 99])  # same negatives every evaluation
-        candidates = np.empty((d.test_users.size, f.negatives + 1), np.int64)
-        for row, (u, item) in enumerate(zip(d.test_users, d.test_items)):
-            candidates[row, 0] = item
-            candidates[row, 1:] = sample_negatives(rng, d.num_items, d.positives[u] | {int(item)}, f.negatives)
-        um, us = mu[d.test_users][:, None, :], sigma[d.test_users][:, None, :]
-        im, isg = mu[d.num_users + candidates], sigma[d.num_users + candidates]
-        scores = -(((um - im) ** 2).sum(-1) + ((us - isg) ** 2).sum(-1))
-        ranks = rank_of_positive(scores[:, 0], scores[:, 1:])
-        out: dict[str, float] = {"n": int(ranks.size)}
-        for k in f.topk:
-            out[f"hr@{k}"] = hit_ratio_at_k(ranks, k)
-            out[f"ndcg@{k}"] = ndcg_at_k(ranks, k)
-        return out
+        return ranking_metrics(self.data, mu.cpu().numpy(), sigma.cpu().numpy(), evaluation,
+                               seed=[self.seed, self.domain_index, 99])  # same negatives every evaluation
+
+
+def ranking_metrics(d: DomainData, mu: np.ndarray, sigma: np.ndarray, evaluation: FPPDMEvaluationConfig,
+                    seed: list[int]) -> dict[str, float]:
+    """HR@K and NDCG@K for K in `evaluation.topk`: each test positive ranked by -W2 against
+    `evaluation.negatives` sampled non-interacted items (drawn from `seed`).
+
+    mu, sigma: the propagated distributions of the domain's users, then its items.
+    """
+    f = evaluation
+    if d.test_users.size == 0:
+        return {"n": 0}
+    rng = np.random.default_rng(seed)
+    candidates = np.empty((d.test_users.size, f.negatives + 1), np.int64)
+    for row, (u, item) in enumerate(zip(d.test_users, d.test_items)):
+        candidates[row, 0] = item
+        candidates[row, 1:] = sample_negatives(rng, d.num_items, d.positives[u] | {int(item)}, f.negatives)
+    um, us = mu[d.test_users][:, None, :], sigma[d.test_users][:, None, :]
+    im, isg = mu[d.num_users + candidates], sigma[d.num_users + candidates]
+    scores = -(((um - im) ** 2).sum(-1) + ((us - isg) ** 2).sum(-1))
+    ranks = rank_of_positive(scores[:, 0], scores[:, 1:])
+    out: dict[str, float] = {"n": int(ranks.size)}
+    for k in f.topk:
+        out[f"hr@{k}"] = hit_ratio_at_k(ranks, k)
+        out[f"ndcg@{k}"] = ndcg_at_k(ranks, k)
+    return out

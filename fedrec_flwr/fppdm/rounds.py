@@ -4,10 +4,10 @@ The Flower strategy (`strategies.fppdm`) is a transport over this core, so every
 exactly one implementation:
 
 1. download: each domain gets the global Gaussians of its own users (plaintext), or the summed
-   ciphertexts and domain counts of its users (Paillier, `fppdm.secure`);
+   ciphertexts and domain counts of its users (Paillier, `fppdm.secure.enabled`);
 2. train: validate each domain's upload (user ids distinct and in range, shapes, dtypes; in
-   plaintext also mu and sigma finite, |mu| <= MAX_ABS_MU, 0 < sigma <= MAX_SIGMA, or sigma = 0
-   for point embeddings), then, if at least `federation.min_clients` uploads were accepted, the
+   plaintext also mu and sigma finite, |mu| <= `fppdm.server.max_abs_mu`, 0 < sigma <=
+   `fppdm.server.max_sigma`, or sigma = 0 for point embeddings), then, if at least `federation.min_clients` uploads were accepted, the
    per-user closed-form W2 barycenter over the domains holding each user (in plaintext, or as a
    product of ciphertexts the domains decrypt); fewer leave the global users unchanged;
 3. evaluate: every `eval_every` rounds and at the end each domain reports HR@K / NDCG@K on its own
@@ -15,6 +15,9 @@ exactly one implementation:
 
 Rejected messages are logged, counted and never averaged in. Under Paillier the server sees no
 value, so only ids, shapes and the public key can be checked here.
+
+The core reads only its sections: `fppdm.model` (dim, gaussian), `fppdm.server`, `fppdm.secure`
+and `federation`; `FPPDMRounds.from_config` picks them (and the node list) out of a run's config.
 """
 
 from __future__ import annotations
@@ -22,11 +25,11 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from fedrec_flwr.config import AppConfig
+from fedrec_flwr.config import FederationConfig, FPPDMModelConfig, FPPDMServerConfig, SecureAggregationConfig
 from fedrec_flwr.fppdm.barycenter import UserGaussians, user_barycenters
 from fedrec_flwr.fppdm.secure_barycenter import per_user_ciphertexts, sum_encrypted
 from fedrec_flwr.messages import NodeReply, UploadRejected, array_bytes
@@ -34,10 +37,13 @@ from fedrec_flwr.node_list import load_node_list
 from fedrec_flwr.privacy.paillier_pack import FixedPointPacker, ciphertexts_to_array
 from fedrec_flwr.results import RunRecorder, report_round
 
+if TYPE_CHECKING:
+    from fedrec_flwr.config import AppConfig
+
 log = logging.getLogger("fedrec_flwr.fppdm")
 
-MAX_ABS_MU = 1e3  # largest |mu| a domain may upload
-MAX_SIGMA = 1e3  # largest sigma a domain may upload
+MAX_ABS_MU = FPPDMServerConfig.max_abs_mu  # default largest |mu| a domain may upload
+MAX_SIGMA = FPPDMServerConfig.max_sigma  # default largest sigma a domain may upload
 
 __all__ = ["MAX_ABS_MU", "MAX_SIGMA", "EncryptedUpload", "FPPDMRounds", "NodeReply", "UserGaussians",
            "validate_distributions", "validate_encrypted"]
@@ -81,7 +87,7 @@ def validate_distributions(arrays: list[np.ndarray], num_users: int, dim: int, *
     if gaussian and (sigma <= 0).any():
         raise UploadRejected(f"sigma = {sigma.min():.3g}; a standard deviation must be positive")
     if not gaussian and (sigma != 0).any():
-        raise UploadRejected("sigma must be 0: the domains train point embeddings (fppdm.gaussian = false)")
+        raise UploadRejected("sigma must be 0: the domains train point embeddings (fppdm.model.gaussian = false)")
     if sigma.size and sigma.max() > max_sigma:
         raise UploadRejected(f"sigma = {sigma.max():.3g} exceeds the bound {max_sigma:g}")
     return UserGaussians(ids.astype(np.int64), mu.astype(np.float32), sigma.astype(np.float32))
@@ -107,19 +113,30 @@ def _empty_users(dim: int) -> UserGaussians:
 class FPPDMRounds:
     """Downloads, training rounds (validation and barycenter) and evaluation of one FPPDM run."""
 
-    def __init__(self, cfg: AppConfig, num_users: int, recorder: RunRecorder | None = None, num_domains: int = 0):
-        self.cfg, self.num_users, self.recorder = cfg, num_users, recorder
-        # deployment: the operator's node list {node id: [domain index]}; unlisted nodes contribute nothing
-        self.listed = (set(load_node_list(cfg.deployment.node_list, num_domains)) if cfg.deployment.node_list
-                       else None)
-        self.dim = cfg.fppdm.dim
-        self.packer = FixedPointPacker(key_bits=cfg.fppdm.key_bits)
+    def __init__(self, num_users: int, model: FPPDMModelConfig, server: FPPDMServerConfig,
+                 secure: SecureAggregationConfig, federation: FederationConfig,
+                 recorder: RunRecorder | None = None, listed: set[int] | None = None):
+        self.num_users, self.recorder = num_users, recorder
+        self.model, self.server, self.secure, self.federation = model, server, secure, federation
+        # deployment: the SuperNodes of the operator's node list; unlisted nodes contribute nothing (None: any node)
+        self.listed = listed
+        self.dim = model.dim
+        self.packer = FixedPointPacker(key_bits=secure.key_bits)
         self.per_user_cts = per_user_ciphertexts(self.packer, self.dim)
         self.global_users = _empty_users(self.dim)  # plaintext barycenters, ids sorted
         self.domain_users: dict[int, np.ndarray] = {}  # node -> the user ids of its last accepted upload
         self.encrypted_replies: dict[int, list[np.ndarray]] = {}  # node -> [ids, summed ciphertexts, counts]
         self.rejections: list[tuple[int, str]] = []
         self.final: dict[str, float] = {}
+
+    @classmethod
+    def from_config(cls, cfg: AppConfig, num_users: int, recorder: RunRecorder | None = None,
+                    num_domains: int = 0) -> FPPDMRounds:
+        """The round core of one run: its FPPDM sections, its schedule, and the operator's node list
+        {node id: [domain index]} when `deployment.node_list` names one."""
+        listed = set(load_node_list(cfg.deployment.node_list, num_domains)) if cfg.deployment.node_list else None
+        f = cfg.fppdm
+        return cls(num_users, f.model, f.server, f.secure, cfg.federation, recorder, listed)
 
     # -- bookkeeping -----------------------------------------------------------------
     def reject(self, server_round: int, reason: str) -> None:
@@ -134,10 +151,11 @@ class FPPDMRounds:
     # -- downloads -------------------------------------------------------------------
     def download(self, node_id: int) -> list[np.ndarray]:
         """What a domain trains towards: [its user ids, their global mu, sigma] ([ids, ciphertexts, counts]
-        under Paillier); empty before the first applied round, for an unknown node, or with fppdm.aggregate off."""
-        if not self.cfg.fppdm.aggregate:
+        under Paillier); empty before the first applied round, for an unknown node, or with
+        fppdm.server.aggregate off."""
+        if not self.server.aggregate:
             return []
-        if self.cfg.fppdm.secure:
+        if self.secure.enabled:
             return self.encrypted_replies.get(node_id, [])
         users = self.domain_users.get(node_id)
         glob = self.global_users
@@ -152,14 +170,13 @@ class FPPDMRounds:
     # -- training --------------------------------------------------------------------
     def validate_reply(self, server_round: int, reply: NodeReply) -> UserGaussians | EncryptedUpload | None:
         """The domain's upload, checked; None (logged and counted) when it is refused."""
-        f = self.cfg.fppdm
         try:
             if self.listed is not None and reply.node_id not in self.listed:
                 raise UploadRejected("this SuperNode is not a domain of deployment.node_list")
-            if f.secure:
-                return validate_encrypted(reply.arrays, self.num_users, self.per_user_cts, f.key_bits)
-            return validate_distributions(reply.arrays, self.num_users, self.dim, gaussian=f.gaussian,
-                                          max_abs_mu=f.max_abs_mu, max_sigma=f.max_sigma)
+            if self.secure.enabled:
+                return validate_encrypted(reply.arrays, self.num_users, self.per_user_cts, self.secure.key_bits)
+            return validate_distributions(reply.arrays, self.num_users, self.dim, gaussian=self.model.gaussian,
+                                          max_abs_mu=self.server.max_abs_mu, max_sigma=self.server.max_sigma)
         except UploadRejected as exc:
             self.reject(server_round, f"node {reply.node_id}: {exc}")
             return None
@@ -177,11 +194,11 @@ class FPPDMRounds:
                 continue
             uploads.append(upload)
             self.domain_users[reply.node_id] = upload.ids
-        applied = len(uploads) >= self.cfg.federation.min_clients
+        applied = len(uploads) >= self.federation.min_clients
         if not applied:
             log.warning("round %d: %d accepted uploads < min_clients=%d; global users unchanged",
-                        server_round, len(uploads), self.cfg.federation.min_clients)
-        elif self.cfg.fppdm.secure:
+                        server_round, len(uploads), self.federation.min_clients)
+        elif self.secure.enabled:
             applied = self.aggregate_encrypted(server_round, uploads)
         else:  # content order, not arrival order: the float sums are then the same in every run
             ordered = sorted(uploads, key=lambda u: (len(u.ids), u.ids.tobytes()))
@@ -212,14 +229,14 @@ class FPPDMRounds:
             if not all(u in sums for u in ids.tolist()):  # a domain whose latest upload was refused
                 ids = np.asarray([u for u in ids.tolist() if u in sums], np.int64)
             cts = [c for u in ids.tolist() for c in sums[u]]
-            self.encrypted_replies[node_id] = [ids, ciphertexts_to_array(cts, self.cfg.fppdm.key_bits),
+            self.encrypted_replies[node_id] = [ids, ciphertexts_to_array(cts, self.secure.key_bits),
                                                np.array([counts[u] for u in ids.tolist()], np.int64)]
         return True
 
     # -- evaluation ------------------------------------------------------------------
     def is_eval_round(self, server_round: int) -> bool:
         """Every `eval_every` rounds and the last round."""
-        fed = self.cfg.federation
+        fed = self.federation
         return server_round % fed.eval_every == 0 or server_round == fed.rounds
 
     @staticmethod

@@ -7,8 +7,11 @@ The server learns which users each domain holds (needed to know whom to add), ne
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from fedrec_flwr.config import SecureAggregationConfig
 from fedrec_flwr.privacy.paillier_pack import (
     DomainKeys,
     FixedPointPacker,
@@ -16,6 +19,16 @@ from fedrec_flwr.privacy.paillier_pack import (
     array_to_ciphertexts,
     ciphertexts_to_array,
 )
+
+
+def domain_crypto(secure: SecureAggregationConfig) -> tuple[DomainKeys, FixedPointPacker] | None:
+    """A domain's shared Paillier key pair and fixed-point packer from `fppdm.secure`; None when it is off."""
+    if not secure.enabled:
+        return None
+    if not secure.key_file:
+        raise ValueError("fppdm.secure.enabled needs fppdm.secure.key_file: create one with "
+                         "`python -m fedrec_flwr.privacy.paillier_pack --out FILE` and give it to every domain")
+    return DomainKeys.load(Path(secure.key_file)), FixedPointPacker(key_bits=secure.key_bits)
 
 
 def per_user_ciphertexts(packer: FixedPointPacker, dim: int) -> int:
