@@ -1,9 +1,12 @@
 """Benchmark driver: launch one real run (federated through `flwr run`, or centralized) and report.
 
-    python -m benchmarks.run --preset fedgnn --dataset ml-100k --data-dir ../shared/data \
-        --out outputs/ml100k [--centralized] [--seed 0] [--set key=value ...]
+    python -m benchmarks.run --preset fedgnn --dataset ml-100k --data-dir DATA \
+        [--out DIR] [--centralized] [--seed 0] [--set key=value ...]
 
-The last line printed is the final metrics as JSON.
+DATA is the folder holding the datasets. The run's results.json and rounds.csv go to --out, by
+default outputs/<preset>-<dataset>-s<seed> (with -centralized appended for --centralized; the
+dataset is the preset's own when --dataset is not given). The last line printed is the final
+metrics as JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from fedrec_flwr.results import load_results
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTED_RUN = re.compile(r"started run (\d+)")
+UNSAFE_IN_PATH = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 class _Interrupted(Exception):
@@ -113,6 +117,13 @@ def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> 
     return doc
 
 
+def default_out(preset: str, dataset: str, seed: int, centralized: bool = False) -> Path:
+    """outputs/<preset>-<dataset>-s<seed>[-centralized], each name reduced to a safe folder name
+    ('disencdr:phone_elec' -> 'disencdr-phone_elec')."""
+    name = "-".join(UNSAFE_IN_PATH.sub("-", part).strip("-") for part in (preset, dataset))
+    return Path("outputs") / f"{name}-s{seed}{'-centralized' if centralized else ''}"
+
+
 @contextmanager
 def input_errors_exit():
     """Print a ConfigError (as one line) or DataError on stderr without a traceback, and exit with status 2."""
@@ -131,14 +142,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dataset", default="", help="registry name; default: the preset's own")
     ap.add_argument("--data-dir", default="data")
     ap.add_argument("--cache-dir", default=str(ROOT / ".cache" / "fedrec"))
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default="", help="output folder; default: outputs/<preset>-<dataset>-s<seed>")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--centralized", action="store_true", help="train the centralized reference instead")
     ap.add_argument("--set", nargs="*", default=[], help="config overrides key=value")
     args = ap.parse_args(argv)
-    out = Path(args.out)
     with input_errors_exit():
         overrides = parse_overrides(" ".join(args.set))
+        if args.out:
+            out = Path(args.out)
+        else:
+            dataset = args.dataset or load_config(args.preset, None, overrides).data.name
+            out = default_out(args.preset, dataset, args.seed, args.centralized)
+            print(f"output folder: {out}", flush=True)
         if args.centralized:
             from fedrec_flwr.centralized import run_centralized
 

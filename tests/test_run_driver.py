@@ -1,15 +1,19 @@
-"""benchmarks.run's wrapper around `flwr run`: output and exit code pass through, and a driver that
-is killed stops its run on the SuperLink instead of leaving the simulation training."""
+"""benchmarks.run: its wrapper around `flwr run` (output and exit code pass through, and a driver that
+is killed stops its run on the SuperLink instead of leaving the simulation training), and its default
+output folder when `--out` is not given."""
 
+import json
 import os
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from benchmarks.run import stream_flwr_run
+import benchmarks.run as run_driver
+from benchmarks.run import default_out, stream_flwr_run
 
 # Stands in for the flwr CLI: logs every call, and `run` prints what the real one prints, then
 # either trains for a minute (FAKE_RUN_SECONDS) or exits with FAKE_RUN_EXIT.
@@ -65,3 +69,29 @@ def test_sigterm_stops_the_run_on_the_superlink(fake_flwr):
     assert calls(fake_flwr) == ["run . local --stream", "stop 4242 local"]
     assert time.time() - t0 < 45  # `flwr run` itself was ended, not waited for
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_the_default_output_folder_names_preset_dataset_and_seed():
+    assert default_out("fppdm", "amazon-phone-elec", 0) == Path("outputs/fppdm-amazon-phone-elec-s0")
+    assert default_out("fppdm_pp", "disencdr:phone_elec", 2) == Path("outputs/fppdm_pp-disencdr-phone_elec-s2")
+    assert default_out("fedgnn", "a/../b c", 1) == Path("outputs/fedgnn-a-..-b-c-s1")
+    assert default_out("fedgnn", "ml-100k", 0, centralized=True) == Path("outputs/fedgnn-ml-100k-s0-centralized")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--preset", "fppdm", "--dataset", "amazon-phone-elec", "--data-dir", "DATA"], "outputs/fppdm-amazon-phone-elec-s0"),
+    (["--preset", "fppdm", "--dataset", "disencdr:phone_elec", "--seed", "3"], "outputs/fppdm-disencdr-phone_elec-s3"),
+    (["--preset", "quickstart"], "outputs/quickstart-synthetic-s0"),  # the preset's own dataset
+    (["--preset", "quickstart", "--out", "elsewhere/run"], "elsewhere/run"),
+])
+def test_out_is_optional_and_defaults_per_preset_dataset_and_seed(monkeypatch, capsys, argv, expected):
+    seen = []
+
+    def fake_run_federated(args, out, overrides):
+        seen.append(out)
+        return {"final": {"rmse": 1.0}}
+
+    monkeypatch.setattr(run_driver, "run_federated", fake_run_federated)
+    run_driver.main(argv)
+    assert seen == [Path(expected)]
+    assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"rmse": 1.0}  # the last line stays the metrics
