@@ -17,13 +17,21 @@ import torch
 from benchmarks.run import input_errors_exit
 from fedrec_flwr.config import load_config, parse_overrides
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.fedgnn.protocol import split_download, users_array
+from fedrec_flwr.fedgnn.protocol import published_popularity, split_download, users_array
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.models import build_model
+
+
+def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int], FedGNNUser]) -> None:
+    """Rounds before training, one node per user: popularity reports (if the sampler needs them), then registration."""
+    if rounds.first_round == 0:
+        rounds.popularity(0, [NodeReply(u, [users_array([u]), user(u).report_popularity()]) for u in users], time.time())
+    popularity = published_popularity(rounds.server.registration_download(), rounds.server.num_items)
+    rounds.register(1, [NodeReply(u, [users_array([u]), user(u).register(popularity)]) for u in users], time.time())
 
 
 def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,
@@ -49,7 +57,7 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
         return FedGNNUser(cfg, meta, parts.user(u), store, device, model)
 
     users = [u for u in range(meta.num_users) if parts.user(u).train_items.size]
-    rounds.register(1, [NodeReply(u, [users_array([u]), user(u).register()]) for u in users], time.time())
+    register_users(rounds, users, user)
     connected = set(users)  # node id = user id
     history, t_start = [], time.time()
     for rnd in range(2, cfg.federation.rounds + 2):

@@ -21,9 +21,11 @@ from fedrec_flwr.fedgnn.accounting import epsilon_per_coordinate
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
+    PHASE_POPULARITY,
     PHASE_REGISTER,
     PHASE_TRAIN,
     RoundConfig,
+    published_popularity,
     split_download,
     users_array,
 )
@@ -55,9 +57,13 @@ class FedGNNClient(NumPyClient):
         """Register, expand the graph, or train the requested users (by the round config's phase)."""
         rc = RoundConfig.from_flower(config)
         self.store.begin_round(rc)
+        if rc.phase == PHASE_POPULARITY:
+            reports = [self._user(u).report_popularity() for u in self.user_ids]
+            return [users_array(self.user_ids), *reports], len(reports), {"phase": rc.phase}
         if rc.phase == PHASE_REGISTER:
+            popularity = published_popularity(parameters, self.meta.num_items)
             users = [self._user(u) for u in self.user_ids]
-            return [users_array(self.user_ids), *[u.register() for u in users]], len(users), {"phase": rc.phase}
+            return [users_array(self.user_ids), *[u.register(popularity) for u in users]], len(users), {"phase": rc.phase}
         if rc.phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
             if rc.expansion is None:
                 raise ValueError(f"phase {rc.phase} without a neighbour-service link in the server config")

@@ -70,7 +70,14 @@ class ModelConfig:
 class PrivacyConfig:
     """FedGNN upload protection: pseudo items and local differential privacy."""
 
-    pseudo_items: int = 1000
+    pseudo_items: int = 1000  # M: the uniform sampler draws max(M, K) pseudo items for K own items
+    # "uniform": pseudo items uniformly among the unrated items (the paper); "popularity": in every
+    # popularity stratum `pseudo_ratio` pseudo items per own item, from a popularity the users report
+    # under LDP before registration (fedrec_flwr.privacy.popularity)
+    pseudo_sampler: str = "uniform"
+    pseudo_ratio: int = 2
+    popularity_bins: int = 64  # strata of equal size, by the reported popularity
+    popularity_epsilon: float = 4.0  # LDP epsilon of each bit of a user's popularity report
     ldp: bool = True
     clip_delta: float = 0.1
     noise_lambda: float = 0.2
@@ -328,6 +335,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.gnn": ("gat", "gcn", "ggnn"),
     "merge.items": ("clients", "count"),
     "local.loss": ("mean", "sum"),
+    "privacy.pseudo_sampler": ("uniform", "popularity"),
     "merge.robust": ("mean", "median", "trimmed"),
     "server_opt.name": ("sgd", "adam"),
     "expansion.mode": ("none", "fixed", "trainable"),
@@ -382,6 +390,9 @@ _RANGES: dict[str, Range] = {
     "model.dropout": Range(0, 1, open_high=True, text="0 <= dropout < 1"),
     "model.heads": _AT_LEAST_ONE,
     "privacy.pseudo_items": _NON_NEGATIVE,
+    "privacy.pseudo_ratio": _AT_LEAST_ONE,
+    "privacy.popularity_bins": _AT_LEAST_ONE,
+    "privacy.popularity_epsilon": _POSITIVE,
     "privacy.clip_delta": _NON_NEGATIVE,
     "privacy.noise_lambda": _NON_NEGATIVE,  # and > 0 when privacy.ldp (checked in _validate)
     "federation.rounds": _AT_LEAST_ONE,

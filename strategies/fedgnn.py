@@ -23,6 +23,7 @@ from fedrec_flwr.fedgnn.checkpoint import Checkpointer, config_diff
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
+    PHASE_POPULARITY,
     PHASE_REGISTER,
     PHASE_TRAIN,
     ExpansionLink,
@@ -58,7 +59,7 @@ class FedGNNStrategy(FedAvg):
         if cfg.expansion.mode != "none" and expansion is None:
             raise ValueError(f"expansion.mode = {cfg.expansion.mode!r} needs a neighbour service link")
         self.checkpointer = Checkpointer(cfg.checkpoint.dir or Path(cfg.output_dir) / "checkpoint")
-        self.offset = 0  # logical round = Flower round + offset (after registration)
+        self.offset = self.rounds.first_round - 1  # logical round = Flower round + offset
         self.resumed_from = -1
         self.last_checkpoint = 0
         self.round_started = time.time()
@@ -73,8 +74,9 @@ class FedGNNStrategy(FedAvg):
         return len(self.rounds.schedule) - self.offset
 
     def logical(self, server_round: int) -> int:
-        """The round of the uninterrupted run that this Flower round is (registration is always 1)."""
-        return 1 if server_round == 1 else server_round + self.offset
+        """The round of the uninterrupted run that this Flower round is: registration is logical round 1,
+        popularity reports (if any) round 0, and a resumed run starts by re-registering."""
+        return 1 if server_round == 1 and self.resumed_from >= 0 else server_round + self.offset
 
     def phase(self, server_round: int) -> str:
         """The phase of a Flower round."""
@@ -122,9 +124,11 @@ class FedGNNStrategy(FedAvg):
         self.round_started = time.time()
         self.bytes_down = 0.0
         phase = self.phase(server_round)
-        if phase == PHASE_REGISTER:
-            wait_for_nodes(client_manager, self.cfg.deployment.min_nodes, self.cfg.deployment.node_wait_seconds)
-            ins = FitIns(ndarrays_to_parameters([]), self._round_config(server_round))
+        if phase in (PHASE_POPULARITY, PHASE_REGISTER):
+            if server_round == 1:
+                wait_for_nodes(client_manager, self.cfg.deployment.min_nodes, self.cfg.deployment.node_wait_seconds)
+            down = self.server.registration_download() if phase == PHASE_REGISTER else []
+            ins = FitIns(ndarrays_to_parameters(down), self._round_config(server_round))
             return [(c, ins) for c in client_manager.all().values()]
         nodes = self._registered_nodes(client_manager)
         if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
@@ -152,10 +156,11 @@ class FedGNNStrategy(FedAvg):
             return self._finish_expansion(logical, phase, results, failures)
         replies = decode_replies(results, lambda why: self.rounds.reject(logical, why))
         reasons = [f"{f if isinstance(f, BaseException) else 'error result'}" for f in failures]
-        if phase == PHASE_REGISTER:
+        if phase in (PHASE_POPULARITY, PHASE_REGISTER):
             for why in reasons:
                 self.rounds.reject(logical, f"client failure: {why}")
-            self.rounds.register(logical, replies, self.round_started)
+            step = self.rounds.popularity if phase == PHASE_POPULARITY else self.rounds.register
+            step(logical, replies, self.round_started)
             return ndarrays_to_parameters(self.server.model_weights()), {}
         record = self.rounds.train(logical, replies, reasons, self.round_started, self.bytes_down)
         if not self._is_eval_round(server_round):  # eval rounds checkpoint after their evaluation

@@ -7,6 +7,11 @@ by at most 2 delta, so each coordinate is a Laplace mechanism with L1 sensitivit
 - per coordinate of one upload: epsilon = 2 delta / lambda (pure DP; the paper's figure);
 - per upload of C coordinates: all C may change together, so one upload composes C such mechanisms;
 - per user over a run: a user that uploads k times composes k C mechanisms.
+With the popularity-matched pseudo-item sampler every user also sends, once, a report of one
+randomised bit per catalogue item (`fedrec_flwr.privacy.popularity`), each bit eps_pop-DP: adding or
+removing one rating changes one bit and costs eps_pop; a user's whole rating set can change every
+bit, so the per-user total composes them with the uploads (randomised response is the worst case of
+an eps-DP bit, so the accountant's randomised-response event bounds it).
 "Basic" is the sum of the epsilons (pure DP). "Tight" is the Renyi-DP accountant of the
 `dp-accounting` library over the same Laplace mechanisms, converted to (epsilon, delta)-DP at the
 stated delta (or the basic sum where that is smaller). Neither counts the anonymity set itself (the item ids a user registers are sent in
@@ -28,21 +33,30 @@ def epsilon_per_coordinate(clip_delta: float, noise_lambda: float) -> float:
 
 
 @lru_cache(maxsize=256)
-def tight_epsilon(clip_delta: float, noise_lambda: float, mechanisms: int, delta: float) -> float:
-    """(epsilon, delta)-DP of `mechanisms` composed coordinate mechanisms: dp-accounting's RDP bound, or the
-    basic (pure) sum where that is smaller (a few mechanisms: RDP's conversion to delta costs more there)."""
-    if mechanisms <= 0:
+def tight_epsilon(clip_delta: float, noise_lambda: float, mechanisms: int, delta: float,
+                  report_bits: int = 0, report_epsilon: float = 0.0) -> float:
+    """(epsilon, delta)-DP of `mechanisms` composed coordinate mechanisms (and `report_bits` randomised-response
+    bits at `report_epsilon`): dp-accounting's RDP bound, or the basic (pure) sum where that is smaller (a few
+    mechanisms: RDP's conversion to delta costs more there)."""
+    basic = mechanisms * epsilon_per_coordinate(clip_delta, noise_lambda) + report_bits * report_epsilon
+    if basic <= 0:
         return 0.0
-    event = dp_accounting.SelfComposedDpEvent(dp_accounting.LaplaceDpEvent(noise_lambda / (2.0 * clip_delta)), mechanisms)
-    accountant = rdp.RdpAccountant()
-    accountant.compose(event)
-    return min(float(accountant.get_epsilon(delta)), mechanisms * epsilon_per_coordinate(clip_delta, noise_lambda))
+    accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    if mechanisms > 0:
+        accountant.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.LaplaceDpEvent(noise_lambda / (2.0 * clip_delta)), mechanisms))
+    if report_bits > 0:
+        flip = 2.0 / (1.0 + float(np.exp(report_epsilon)))  # binary randomised response at report_epsilon
+        accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.RandomizedResponseDpEvent(flip, 2), report_bits))
+    return min(float(accountant.get_epsilon(delta)), basic)
 
 
-def budget(clip_delta: float, noise_lambda: float, coordinates: np.ndarray, uploads: np.ndarray, delta: float) -> dict:
+def budget(clip_delta: float, noise_lambda: float, coordinates: np.ndarray, uploads: np.ndarray, delta: float,
+           report_bits: int = 0, report_epsilon: float = 0.0) -> dict:
     """The accounted budget of a run: per coordinate, per upload and per user (max and median).
 
-    `coordinates[u]` is how many values user u's upload carries; `uploads[u]` how often it uploaded.
+    `coordinates[u]` is how many values user u's upload carries; `uploads[u]` how often it uploaded;
+    `report_bits` > 0: every user also sent one popularity report of that many bits at `report_epsilon`.
     """
     eps = epsilon_per_coordinate(clip_delta, noise_lambda)
     coordinates = np.asarray(coordinates, np.int64)
@@ -54,7 +68,8 @@ def budget(clip_delta: float, noise_lambda: float, coordinates: np.ndarray, uplo
 
     def run_of(u: int) -> dict:
         m = int(per_run[u])
-        return {"uploads": int(uploads[u]), "basic": eps * m, "tight": tight_epsilon(clip_delta, noise_lambda, m, delta)}
+        return {"uploads": int(uploads[u]), "basic": eps * m + report_bits * report_epsilon,
+                "tight": tight_epsilon(clip_delta, noise_lambda, m, delta, report_bits, report_epsilon)}
 
     return {
         "neighbouring": "user-level: any change to one user's ratings",
@@ -63,4 +78,8 @@ def budget(clip_delta: float, noise_lambda: float, coordinates: np.ndarray, uplo
         "per_upload": {"coordinates": upload_c, "basic": eps * upload_c,
                        "tight": tight_epsilon(clip_delta, noise_lambda, upload_c, delta)},
         "per_user_run": {"max": run_of(int(max_user)), "median": run_of(int(median_user))},
+        **({"popularity_report": {"bits": report_bits, "epsilon_per_rating": report_epsilon,
+                                  "per_user_basic": report_bits * report_epsilon,
+                                  "per_user_tight": tight_epsilon(clip_delta, noise_lambda, 0, delta, report_bits,
+                                                                  report_epsilon)}} if report_bits else {}),
     }

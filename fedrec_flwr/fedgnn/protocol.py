@@ -9,9 +9,12 @@ where rows_j are the global embeddings of user j's anonymity set, in ascending i
 
 Client -> server (fit, phase "train"): [users, then per user: *model gradients, item ids,
 item-row gradients], all protected by LDP; ids are the whole anonymity set, sorted, so
-nothing marks the real items. Phase "register" (config only, no arrays down):
-[users, ids_1..ids_k]. num_examples is the number of users: a count of ratings would tell
-the server how many items a user rated.
+nothing marks the real items. Phase "register": [users, ids_1..ids_k]; its download is empty, or,
+with the popularity-matched sampler, [published item counts (float32[num_items])]. Phase
+"popularity" (round 0, only with that sampler; nothing down): [users, report_1..report_k], each
+an LDP report of the user's items (uint8[num_items], `fedrec_flwr.privacy.popularity`).
+num_examples is the number of users: a count of ratings would tell the server how many items a
+user rated.
 
 Graph expansion: in phases "expand-submit" / "expand-fetch" (and in every training round
 when expansion.mode = trainable) the config carries the run's token key, the neighbour
@@ -30,11 +33,12 @@ import numpy as np
 
 from fedrec_flwr.messages import UploadRejected, array_bytes  # noqa: F401  (re-exported: part of the FedGNN wire API)
 
+PHASE_POPULARITY = "popularity"  # round 0, popularity-matched sampler only: every user sends an LDP item report
 PHASE_REGISTER = "register"
 PHASE_TRAIN = "train"
 PHASE_EXPAND_SUBMIT = "expand-submit"  # every user sends embedding + item tokens to the neighbour service
 PHASE_EXPAND_FETCH = "expand-fetch"  # every user fetches its anonymous neighbours' embeddings
-PHASES = (PHASE_REGISTER, PHASE_TRAIN, PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH)
+PHASES = (PHASE_POPULARITY, PHASE_REGISTER, PHASE_TRAIN, PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH)
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,16 @@ def split_download(arrays: list[np.ndarray], num_weights: int) -> tuple[list[np.
     if users.ndim != 1 or len(rows) != users.size:
         raise ValueError(f"download names {users.size} users but carries {len(rows)} row blocks")
     return list(arrays[:num_weights]), users.astype(np.int64), rows
+
+
+def published_popularity(arrays: list[np.ndarray], num_items: int) -> np.ndarray | None:
+    """The item counts a registration download publishes, checked (finite, one per item), or None if it has none."""
+    if not arrays:
+        return None
+    counts = np.asarray(arrays[0], np.float32)
+    if len(arrays) != 1 or counts.shape != (num_items,) or not np.all(np.isfinite(counts)):
+        raise ValueError(f"registration download must be empty or one finite float array of {num_items} item counts")
+    return counts
 
 
 def split_upload(arrays: list[np.ndarray], per_user: int) -> list[tuple[int, list[np.ndarray]]]:

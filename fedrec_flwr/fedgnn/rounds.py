@@ -4,6 +4,8 @@ The Flower strategy (`strategies.fedgnn`), the in-process runner (`benchmarks.di
 harness (`tests.inprocess`) are transports over this core, so every round step has exactly one
 implementation:
 
+0. popularity (round 0, popularity-matched sampler only): each user sends an LDP report of its items;
+   the server checks and sums them and publishes the estimated item counts at registration;
 1. register: each node's users send their anonymity sets; a node may speak only for users it is
    entitled to (`UserRegistry`);
 2. train: sample users (seeded, by user id), build each node's download (model weights plus the
@@ -28,6 +30,7 @@ from fedrec_flwr.config import AppConfig
 from fedrec_flwr.fedgnn.accounting import budget, epsilon_per_coordinate
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.protocol import (
+    PHASE_POPULARITY,
     PHASE_REGISTER,
     PHASE_TRAIN,
     array_bytes,
@@ -45,6 +48,7 @@ from fedrec_flwr.fedgnn.server import (
 )
 from fedrec_flwr.messages import NodeReply, UploadRejected
 from fedrec_flwr.metrics import ErrorSums
+from fedrec_flwr.privacy.popularity import check_report
 from fedrec_flwr.results import RunRecorder, report_round
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
@@ -72,9 +76,16 @@ class FedGNNRounds:
         self._train_plan: tuple[int, dict[int, set[int]]] = (0, {})  # (logical round, node -> its sampled users)
 
     # -- bookkeeping -----------------------------------------------------------------
+    @property
+    def first_round(self) -> int:
+        """The first logical round: 0 when users report popularity before registering (round 1), else 1."""
+        return 0 if self.cfg.privacy.pseudo_sampler == "popularity" else 1
+
     def phase(self, logical_round: int) -> str:
-        """The phase of a logical round (1-based: round 1 registers)."""
-        return self.schedule[logical_round - 1]
+        """The phase of a logical round (round 0: popularity reports, round 1: registration)."""
+        if logical_round < self.first_round:
+            raise ValueError(f"logical round {logical_round} is before this run's first round {self.first_round}")
+        return PHASE_POPULARITY if logical_round == 0 else self.schedule[logical_round - 1]
 
     def reject(self, logical_round: int, reason: str) -> None:
         """Log and count one rejected message."""
@@ -89,7 +100,30 @@ class FedGNNRounds:
         """Print one round's record and add it to the run's results."""
         report_round(self.recorder, "fedgnn", record)
 
-    # -- registration ----------------------------------------------------------------
+    # -- popularity reports and registration ------------------------------------------
+    def popularity(self, logical_round: int, replies: list[NodeReply], started: float) -> dict:
+        """Check and sum the users' LDP item reports (one per user, from a node entitled to it); publish the estimate."""
+        reports: dict[int, np.ndarray] = {}
+        for reply in replies:
+            try:
+                parts = split_upload(reply.arrays, 1)
+                self.registry.check_claim(reply.node_id, [u for u, _ in parts])
+                checked = [(u, check_report(a[0], self.server.num_items)) for u, a in parts]
+            except (UploadRejected, ValueError) as exc:
+                self.reject(logical_round, f"node {reply.node_id}: popularity report refused: {exc}")
+                continue
+            for user, bits in checked:
+                if user in reports:
+                    self.reject(logical_round, f"node {reply.node_id}: a second popularity report for user {user}")
+                    continue
+                reports[user] = bits
+        self.server.publish_popularity([reports[u] for u in sorted(reports)])
+        record = {"round": logical_round, "phase": PHASE_POPULARITY, "clients": len(replies), "accepted": len(reports),
+                  "rejected": self.rejected_in(logical_round), "bytes_down": 0.0,
+                  "bytes_up": float(self.server.num_items), "round_seconds": time.time() - started}
+        self.record(record)
+        return record
+
     def register(self, logical_round: int, replies: list[NodeReply], started: float) -> dict:
         """Bind each node's users and record their anonymity sets; a refused node registers nobody."""
         min_rows = self.server.min_rows()
@@ -251,7 +285,9 @@ class FedGNNRounds:
             return None
         model = sum(int(np.prod(s)) for s in self.server.model_shapes)
         coordinates = np.array([model + self.server.registry[u].size * self.cfg.model.dim for u in users], np.int64)
-        return budget(p.clip_delta, p.noise_lambda, coordinates, self.uploads[users], p.delta)
+        report_bits = self.server.num_items if p.pseudo_sampler == "popularity" else 0
+        return budget(p.clip_delta, p.noise_lambda, coordinates, self.uploads[users], p.delta, report_bits,
+                      p.popularity_epsilon)
 
     def finish(self) -> None:
         """Write the final metrics, rejections, upload counts and privacy budget; print the run summary."""

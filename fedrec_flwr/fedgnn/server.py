@@ -21,6 +21,7 @@ from fedrec_flwr.fedgnn.protocol import (
     UploadRejected,
 )
 from fedrec_flwr.models import build_model
+from fedrec_flwr.privacy.popularity import estimate_counts
 
 
 def check_anonymity_set(ids: np.ndarray, num_items: int, min_rows: int) -> np.ndarray:
@@ -192,6 +193,8 @@ class FedGNNServer:
         self.lr_schedules = [torch.optim.lr_scheduler.ExponentialLR(opt, so.lr_decay) for opt in (self.model_opt, self.item_opt)]
         self.model_shapes = [tuple(p.shape) for p in params]
         self.registry: dict[int, np.ndarray] = {}  # user id -> its anonymity set (int32 to halve memory)
+        # popularity-matched sampler: the item counts estimated from the users' LDP reports, published at registration
+        self.popularity: np.ndarray | None = None
 
     # -- what goes out ---------------------------------------------------------------
     def model_weights(self) -> list[np.ndarray]:
@@ -204,8 +207,22 @@ class FedGNNServer:
         return self.items.detach()[ids].cpu().numpy()
 
     def min_rows(self) -> int:
-        """Rows every upload must carry: M, or the whole catalogue when it has fewer than M items."""
-        return min(self.cfg.privacy.pseudo_items, self.num_items)
+        """Rows every upload must carry: M (uniform sampler) or 1 + ratio (popularity-matched), at most the catalogue."""
+        p = self.cfg.privacy
+        return min(p.pseudo_ratio + 1 if p.pseudo_sampler == "popularity" else p.pseudo_items, self.num_items)
+
+    def registration_download(self) -> list[np.ndarray]:
+        """What registration sends every node: nothing, or the published item counts the matched sampler needs."""
+        if self.cfg.privacy.pseudo_sampler != "popularity":
+            return []
+        if self.popularity is None:
+            raise RuntimeError("the popularity-matched sampler needs the users' popularity reports before registration")
+        return [self.popularity.copy()]
+
+    def publish_popularity(self, reports: list[np.ndarray]) -> None:
+        """Estimate item counts from the users' checked LDP reports (`fedrec_flwr.privacy.popularity`)."""
+        total = np.sum(reports, axis=0) if reports else np.zeros(self.num_items, np.int64)
+        self.popularity = estimate_counts(total, len(reports), self.cfg.privacy.popularity_epsilon)
 
     # -- what comes in ---------------------------------------------------------------
     def register(self, user: int, ids: np.ndarray) -> None:
@@ -264,7 +281,8 @@ class FedGNNServer:
         """Model, item table, optimiser and RNG state: what a checkpoint needs to continue this server."""
         return {"model": self.model.state_dict(), "items": self.items.detach().cpu(),
                 "model_opt": self.model_opt.state_dict(), "item_opt": self.item_opt.state_dict(),
-                "torch_rng": torch.get_rng_state()}
+                "torch_rng": torch.get_rng_state(),
+                "popularity": None if self.popularity is None else torch.from_numpy(self.popularity.copy())}
 
     def restore(self, ckpt: dict) -> None:
         """Put the server back in the state `state()` recorded."""
@@ -274,3 +292,5 @@ class FedGNNServer:
         self.model_opt.load_state_dict(ckpt["model_opt"])
         self.item_opt.load_state_dict(ckpt["item_opt"])
         torch.set_rng_state(ckpt["torch_rng"])
+        popularity = ckpt.get("popularity")
+        self.popularity = None if popularity is None else popularity.numpy().astype(np.float32)

@@ -28,6 +28,12 @@ from fedrec_flwr.privacy import (
     pseudo_gradient_rows,
     sample_pseudo_items,
 )
+from fedrec_flwr.privacy.popularity import (
+    inclusion_odds,
+    oue_report,
+    popularity_strata,
+    sample_matched_pseudo,
+)
 
 
 @dataclass
@@ -82,13 +88,32 @@ def user_rng(seed: int, user: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng([seed, user, *stream])
 
 
-def init_user_state(cfg: AppConfig, meta: PartitionMeta, data: UserData) -> UserState:
-    """Draw the user's embedding and its fixed pseudo items (once, on the device)."""
+def own_items(data: UserData) -> np.ndarray:
+    """The items a user has ratings for (train and test), sorted: what its anonymity set must hide."""
+    return np.union1d(data.train_items, data.test_items)
+
+
+def popularity_report(cfg: AppConfig, meta: PartitionMeta, data: UserData) -> np.ndarray:
+    """The user's LDP report of its items (popularity-matched sampler), drawn from its own stream (seed, user, 2)."""
+    return oue_report(user_rng(cfg.seed, data.user, 2), own_items(data), meta.num_items, cfg.privacy.popularity_epsilon)
+
+
+def init_user_state(cfg: AppConfig, meta: PartitionMeta, data: UserData, popularity: np.ndarray | None = None) -> UserState:
+    """Draw the user's embedding and its fixed pseudo items (once, on the device).
+
+    `popularity`: the item counts the server published, required by the popularity-matched sampler.
+    """
     rng = user_rng(cfg.seed, data.user, 0)
     emb = (rng.standard_normal(cfg.model.dim) * cfg.model.init_std).astype(np.float32)
-    own = np.union1d(data.train_items, data.test_items)
-    count = num_pseudo(cfg.privacy.pseudo_items, own.size, meta.num_items - own.size)
-    pseudo = sample_pseudo_items(rng, meta.num_items, own, count)
+    own = own_items(data)
+    p = cfg.privacy
+    if p.pseudo_sampler == "popularity":
+        if popularity is None or np.shape(popularity) != (meta.num_items,) or not np.all(np.isfinite(popularity)):
+            raise ValueError(f"the popularity-matched sampler needs the published counts of all {meta.num_items} items")
+        pseudo = sample_matched_pseudo(rng, own, popularity_strata(popularity, p.popularity_bins), p.pseudo_ratio,
+                                       inclusion_odds(popularity, meta.num_users))
+    else:
+        pseudo = sample_pseudo_items(rng, meta.num_items, own, num_pseudo(p.pseudo_items, own.size, meta.num_items - own.size))
     handle = rng.bytes(16).hex()  # private randomness: the service cannot link it to the user id
     return UserState(emb, np.union1d(own, pseudo).astype(np.int64), np.zeros((0, cfg.model.dim), np.float32), handle)
 
@@ -213,7 +238,18 @@ class FedGNNUser:
         self.cfg, self.meta, self.data, self.store = cfg, meta, data, store
         self.device = device or torch.device("cpu")
         self.model = model if model is not None else build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
-        self.state: UserState = store.load(data.user) or init_user_state(cfg, meta, data)
+        self._state: UserState | None = store.load(data.user)
+
+    @property
+    def state(self) -> UserState:
+        """The user's state: stored, or drawn now (the uniform sampler needs nothing from the server)."""
+        if self._state is None:
+            self._state = init_user_state(self.cfg, self.meta, self.data)
+        return self._state
+
+    @state.setter
+    def state(self, st: UserState) -> None:
+        self._state = st
 
     @property
     def user(self) -> int:
@@ -227,8 +263,18 @@ class FedGNNUser:
             raise ValueError(f"item rows have shape {rows.shape}, expected {(self.state.anonymity_ids.size, self.cfg.model.dim)}")
         return rows
 
-    def register(self) -> np.ndarray:
-        """The anonymity set this user will upload rows for (item ids only; int32 halves the message)."""
+    def report_popularity(self) -> np.ndarray:
+        """Round 0 of the popularity-matched sampler: the LDP report of this user's items."""
+        return popularity_report(self.cfg, self.meta, self.data)
+
+    def register(self, popularity: np.ndarray | None = None) -> np.ndarray:
+        """The anonymity set this user will upload rows for (item ids only; int32 halves the message).
+
+        A user registering for the first time draws its set now, from the `popularity` the server
+        published when the sampler needs it; a stored user (a resumed run) keeps the set it had.
+        """
+        if self._state is None:
+            self._state = init_user_state(self.cfg, self.meta, self.data, popularity)
         self.store.save(self.user, self.state)
         return self.state.anonymity_ids.astype(np.int32)
 

@@ -10,6 +10,9 @@ assert their bounds.
 * Model gradients (FedGNN): match the top singular directions of the model's weight gradients (and,
   with public item features, the feature map's gradient) against what the server sent
   (`model_gradient_auc`).
+* Set popularity (FedGNN): rank each user's anonymity set by how often each item appears in all the
+  sets the server received, or by the true popularity, and measure how well that puts the real items
+  first (`popularity_attack`).
 * Token frequencies (neighbour service): pair tokens ranked by how many users submitted them with
   items ranked by public popularity (`popularity_reidentification`).
 
@@ -157,3 +160,37 @@ def popularity_reidentification(observed: np.ndarray, auxiliary: np.ndarray, rng
     aux_order = items[np.lexsort((rng.random(items.size), -auxiliary[items]))]
     hits = obs_order == aux_order
     return float(hits[:top].mean() if top else hits.mean())
+
+
+class PopularityAttack(NamedTuple):
+    """Mean over users of the per-user AUC and of the top-`top` precision, with the base rate (real share of a set)."""
+
+    auc: float
+    top_precision: float
+    base_rate: float
+    users: int
+
+
+def popularity_attack(sets: dict[int, np.ndarray], own: dict[int, np.ndarray], scores: np.ndarray | None = None,
+                      top: int = 10) -> PopularityAttack:
+    """Rank each user's set by a per-item score and measure how often the real (own) items come first.
+
+    `scores`: the attacker's popularity per item; None: how many of the received sets hold the item,
+    which the server always has. Users whose set is all real or all pseudo are skipped (no ranking to
+    score); ties are broken by item id, which carries no information.
+    """
+    num_items = int(max(int(s.max()) for s in sets.values() if s.size)) + 1
+    if scores is None:
+        scores = np.bincount(np.concatenate([np.asarray(s, np.int64) for s in sets.values()]), minlength=num_items)
+    scores = np.asarray(scores, np.float64)
+    aucs, tops, bases = [], [], []
+    for u, ids in sets.items():
+        ids = np.asarray(ids, np.int64)
+        is_real = np.isin(ids, own[u])
+        if is_real.all() or not is_real.any():
+            continue
+        aucs.append(separation_auc(scores[ids], is_real))
+        order = np.lexsort((ids, -scores[ids]))
+        tops.append(float(is_real[order[:top]].mean()))
+        bases.append(float(is_real.mean()))
+    return PopularityAttack(float(np.mean(aucs)), float(np.mean(tops)), float(np.mean(bases)), len(aucs))
