@@ -48,8 +48,8 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
         raise ValueError("benchmarks.direct drives training rounds only; run graph expansion through flwr run")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
-    server = FedGNNServer(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
-    rounds = FedGNNRounds(cfg, server, UserRegistry(meta.num_users, block_size=1), meta.scale.high - meta.scale.low)
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
+    rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(meta.num_users, block_size=1), meta.scale.high - meta.scale.low)
     store = MemoryStore()
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device-side model, shared by users in turn
 

@@ -40,7 +40,7 @@ def split_times(users: int, device: torch.device, cache_dir: str) -> dict:
     cfg = load_config("fedgnn", "synthetic", [f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", *ML10M_SHAPE])
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
-    server = FedGNNServer(cfg, meta.num_items, meta.scale.midpoint, num_item_features=meta.num_item_features)
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, num_item_features=meta.num_item_features)
     store = MemoryStore()
     for u in range(users):
         server.register(u, FedGNNUser(cfg, meta, parts.user(u), store).register())

@@ -37,8 +37,8 @@ def measure(cfg) -> dict:
     """Register every user of cfg's dataset through the round core and attack the sets the server holds."""
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
-    server = FedGNNServer(cfg, meta.num_items, meta.scale.midpoint, num_item_features=meta.num_item_features)
-    rounds = FedGNNRounds(cfg, server, UserRegistry(meta.num_users, block_size=1), meta.scale.high - meta.scale.low)
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, num_item_features=meta.num_item_features)
+    rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(meta.num_users, block_size=1), meta.scale.high - meta.scale.low)
     store = MemoryStore()
     users = [u for u in range(meta.num_users) if parts.user(u).train_items.size]
     register_users(rounds, users, lambda u: FedGNNUser(cfg, meta, parts.user(u), store))

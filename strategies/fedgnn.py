@@ -51,10 +51,10 @@ class FedGNNStrategy(FedAvg):
         super().__init__(min_fit_clients=1, min_evaluate_clients=1, min_available_clients=1, accept_failures=True,
                          **kwargs)
         self.cfg = cfg
-        self.server = FedGNNServer(cfg, num_items, bias_init, num_item_features=num_item_features)
-        self.registry = registry_for(cfg, num_users)
+        self.server = FedGNNServer.from_config(cfg, num_items, bias_init, num_item_features=num_item_features)
+        self.registry = registry_for(num_users, cfg.deployment, cfg.data.catalogue, cfg.simulation.users_per_node)
         self.recorder = recorder
-        self.rounds = FedGNNRounds(cfg, self.server, self.registry, rating_span, recorder)
+        self.rounds = FedGNNRounds.from_config(cfg, self.server, self.registry, rating_span, recorder)
         self.expansion = expansion
         if cfg.expansion.mode != "none" and expansion is None:
             raise ValueError(f"expansion.mode = {cfg.expansion.mode!r} needs a neighbour service link")

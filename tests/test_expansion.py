@@ -22,13 +22,14 @@ from strategies.fedgnn import ExpansionLink, FedGNNStrategy
 
 def test_schedule_puts_expansion_after_t_epochs(tiny_cfg):
     cfg = tiny_cfg("expansion.mode=fixed", "expansion.epoch=2", "federation.clients_per_round=25", "federation.rounds=10")
-    phases = round_schedule(cfg, num_users=60)  # 3 rounds per epoch -> after training round 6
+    phases = round_schedule(cfg.federation, cfg.expansion, num_users=60)  # 3 rounds per epoch -> after training round 6
     assert phases[0] == PHASE_REGISTER and phases[7:9] == [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH]
     assert phases.count(PHASE_TRAIN) == 10
-    assert PHASE_EXPAND_SUBMIT not in round_schedule(tiny_cfg("federation.rounds=10"), 60)
+    plain = tiny_cfg("federation.rounds=10")
+    assert PHASE_EXPAND_SUBMIT not in round_schedule(plain.federation, plain.expansion, 60)
+    late = tiny_cfg("expansion.mode=fixed", "expansion.epoch=5", "federation.clients_per_round=25", "federation.rounds=10")
     with pytest.raises(ValueError, match="expansion.epoch = 5 .* federation.rounds = 10"):
-        round_schedule(tiny_cfg("expansion.mode=fixed", "expansion.epoch=5", "federation.clients_per_round=25",
-                                "federation.rounds=10"), 60)
+        round_schedule(late.federation, late.expansion, 60)
 
 
 @pytest.fixture

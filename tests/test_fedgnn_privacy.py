@@ -141,7 +141,7 @@ def test_a_user_without_training_ratings_sends_a_valid_upload(tiny_cfg):
     store = MemoryStore()
     client = FedGNNClient(cfg, meta, [7], lambda u: empty, store)
     reg, _, _ = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
-    server = FedGNNServer(cfg, meta.num_items, meta.scale.midpoint)
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
     server.register(7, reg[1])
     upload, _, _ = client.fit([*server.model_weights(), np.array([7]), server.rows_for(7)], {"phase": PHASE_TRAIN, "round": 2})
     update = server.validate(7, upload[1:])  # raises UploadRejected on NaN/Inf

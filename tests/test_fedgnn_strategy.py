@@ -69,7 +69,7 @@ def test_server_step_does_not_depend_on_arrival_order(tiny_cfg):
     cfg = tiny_cfg()
     rng = np.random.default_rng(3)
     num_items = 80
-    first = FedGNNServer(cfg, num_items, 3.0)
+    first = FedGNNServer.from_config(cfg, num_items, 3.0)
     shapes = [w.shape for w in first.model_weights()]
     updates = []
     for user in range(12):
@@ -79,7 +79,7 @@ def test_server_step_does_not_depend_on_arrival_order(tiny_cfg):
     results = []
     for order in (updates, updates[::-1], [updates[i] for i in rng.permutation(12)]):
         torch.manual_seed(0)
-        server = FedGNNServer(cfg, num_items, 3.0)
+        server = FedGNNServer.from_config(cfg, num_items, 3.0)
         server.apply(order)
         results.append([*server.model_weights(), server.items.detach().numpy().copy()])
     for other in results[1:]:
@@ -94,7 +94,7 @@ def _push_items(server, signs):
     ids = np.arange(40, dtype=np.int64)
     for sign in signs:
         server.apply([TrainUpdate(0, [np.full(s, sign, np.float32) for s in shapes], ids,
-                                  np.full((40, server.cfg.model.dim), sign, np.float32))])
+                                  np.full((40, server.dim), sign, np.float32))])
 
 
 def test_item_table_takes_its_own_learning_rate(tiny_cfg):
@@ -105,7 +105,7 @@ def test_item_table_takes_its_own_learning_rate(tiny_cfg):
     fast = tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05")
     moves = []
     for cfg in (base, fast):
-        server = FedGNNServer(cfg, 80, 3.0)
+        server = FedGNNServer.from_config(cfg, 80, 3.0)
         before = server.items.detach().clone()
         _push_items(server, [1.0])
         moves.append(float((before - server.items.detach()).abs().max()))
@@ -116,8 +116,8 @@ def test_lr_decay_shrinks_both_rates_after_every_round(tiny_cfg):
     """server_opt.lr_decay = g: round r moves by lr * g^(r-1), for the model and the item table."""
     from fedrec_flwr.fedgnn.server import FedGNNServer
 
-    server = FedGNNServer(tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05",
-                                   "server_opt.lr_decay=0.5"), 80, 3.0)
+    server = FedGNNServer.from_config(tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05",
+                                               "server_opt.lr_decay=0.5"), 80, 3.0)
     moves = []
     for _ in range(3):
         items, model = server.items.detach().clone(), server.model_weights()
@@ -132,8 +132,8 @@ def test_item_weight_decay_shrinks_every_row_at_the_current_item_rate(tiny_cfg):
     after lr_decay), whether or not the round touched them; the model's weights are not decayed."""
     from fedrec_flwr.fedgnn.server import FedGNNServer
 
-    server = FedGNNServer(tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05",
-                                   "server_opt.lr_decay=0.5", "server_opt.item_weight_decay=2"), 80, 3.0)
+    server = FedGNNServer.from_config(tiny_cfg("server_opt.name=sgd", "server_opt.lr=0.01", "server_opt.item_lr=0.05",
+                                               "server_opt.lr_decay=0.5", "server_opt.item_weight_decay=2"), 80, 3.0)
     start, model = server.items.detach().clone(), server.model_weights()
     _push_items(server, [0.0, 0.0])  # zero gradients: only the decay moves anything
     np.testing.assert_allclose(server.items.detach().numpy(), start.numpy() * (1 - 0.05 * 2) * (1 - 0.025 * 2), rtol=1e-5)
@@ -146,7 +146,7 @@ def test_item_beta1_sets_how_long_adam_remembers_an_item_row_gradient(tiny_cfg, 
     """Gradient +1 then -1: the second Adam step undoes only the share of the first that beta1 forgets."""
     from fedrec_flwr.fedgnn.server import FedGNNServer
 
-    server = FedGNNServer(tiny_cfg("server_opt.name=adam", "server_opt.lr=0.01", f"server_opt.item_beta1={beta1}"), 80, 3.0)
+    server = FedGNNServer.from_config(tiny_cfg("server_opt.name=adam", "server_opt.lr=0.01", f"server_opt.item_beta1={beta1}"), 80, 3.0)
     start = server.items.detach().clone()
     _push_items(server, [1.0, -1.0])
     m_hat = (beta1 * (1 - beta1) - (1 - beta1)) / (1 - beta1**2)  # bias-corrected first moment after +1, -1

@@ -106,7 +106,7 @@ def test_features_flow_through_partitions_and_are_learned_under_ldp(tiny_cfg):
 
     # the feature map's gradient is part of the model upload: clipped like every other coordinate
     cfg_tight = tiny_cfg("data.item_features=true", "privacy.noise_lambda=1e-9")
-    server = FedGNNServer(cfg_tight, parts.meta.num_items, parts.meta.scale.midpoint, num_item_features=8)
+    server = FedGNNServer.from_config(cfg_tight, parts.meta.num_items, parts.meta.scale.midpoint, num_item_features=8)
     user = FedGNNUser(cfg_tight, parts.meta, parts.user(5), MemoryStore())
     server.register(5, user.register())
     upload = user.train(server.model_weights(), server.rows_for(5), 2)

@@ -83,8 +83,8 @@ def test_registration_refuses_ids_outside_the_dataset_and_second_claims():
 
 
 def _rounds(cfg, num_users=4, num_items=20, set_size=20):
-    server = FedGNNServer(cfg, num_items, 3.0)
-    rounds = FedGNNRounds(cfg, server, UserRegistry(num_users), rating_span=4.0)
+    server = FedGNNServer.from_config(cfg, num_items, 3.0)
+    rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(num_users), rating_span=4.0)
     for u in range(num_users):
         server.register(u, np.arange(set_size))
         rounds.registry.bind(100 + u, [u])
@@ -187,7 +187,7 @@ def test_the_operators_node_list_binds_users_and_domains(tmp_path, tiny_cfg):
     path = tmp_path / "nodes.json"
     path.write_text('{"11": [0, 1], "12": [2]}')
     cfg = tiny_cfg(f"deployment.node_list={path}")
-    registry = registry_for(cfg, num_users=3)
+    registry = registry_for(3, cfg.deployment, cfg.data.catalogue, cfg.simulation.users_per_node)
     registry.check_claim(11, [0, 1])
     for node, users in ((12, [0]), (13, [2])):
         with pytest.raises(UploadRejected, match=f"not assigned to node {node}"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Collection
 
+from fedrec_flwr.config import DeploymentConfig
 from fedrec_flwr.messages import UploadRejected
 from fedrec_flwr.node_list import load_node_list
 
@@ -85,12 +86,13 @@ class UserRegistry:
         return grouped
 
 
-def registry_for(cfg, num_users: int) -> UserRegistry:
-    """The registry a run's config calls for: the operator's node list, the simulation's partition
-    blocks, or (a deployment without a node list) first claim wins, with a warning."""
-    if cfg.deployment.node_list:
-        return UserRegistry(num_users, listed(load_node_list(cfg.deployment.node_list, num_users)))
-    if cfg.data.catalogue:
+def registry_for(num_users: int, deployment: DeploymentConfig, catalogue: str, users_per_node: int) -> UserRegistry:
+    """The registry a run calls for: the operator's node list (`deployment.node_list`), the simulation's
+    partition blocks of `users_per_node` (`simulation.users_per_node`), or (a deployment without a node
+    list, known by its `data.catalogue`) first claim wins, with a warning."""
+    if deployment.node_list:
+        return UserRegistry(num_users, listed(load_node_list(deployment.node_list, num_users)))
+    if catalogue:
         log.warning("deployment without deployment.node_list: any SuperNode may register any unclaimed user")
         return UserRegistry(num_users)
-    return UserRegistry(num_users, block_size=cfg.simulation.users_per_node)
+    return UserRegistry(num_users, block_size=users_per_node)

@@ -16,6 +16,10 @@ implementation:
    against what their test ratings could give, and RMSE = sqrt(sum SSE / sum n).
 
 Rejected messages are logged, counted and never averaged in.
+
+The core reads only its sections: `federation`, `privacy`, `merge` (the upload norm bound),
+`expansion`, the model's `dim` and the run's seed; `FedGNNRounds.from_config` picks them out of a
+run's config.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from fedrec_flwr.config import AppConfig
+from fedrec_flwr.config import ExpansionConfig, FederationConfig, MergeConfig, PrivacyConfig
 from fedrec_flwr.fedgnn.accounting import budget, epsilon_per_coordinate
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.protocol import (
@@ -51,6 +56,9 @@ from fedrec_flwr.metrics import ErrorSums
 from fedrec_flwr.privacy.popularity import check_report
 from fedrec_flwr.results import RunRecorder, report_round
 
+if TYPE_CHECKING:
+    from fedrec_flwr.config import AppConfig
+
 log = logging.getLogger("fedrec_flwr.fedgnn")
 
 
@@ -59,14 +67,24 @@ def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: in
     return [(u, check_anonymity_set(a[0], num_items, min_rows)) for u, a in split_upload(arrays, 1)]
 
 
+class _BoundsSections(NamedTuple):
+    """The two sections `check_upload_bounds` reads: privacy (the LDP tail) and merge (the norm bound)."""
+
+    privacy: PrivacyConfig
+    merge: MergeConfig
+
+
 class FedGNNRounds:
     """Registration, training and evaluation rounds of one FedGNN run over a `FedGNNServer`."""
 
-    def __init__(self, cfg: AppConfig, server: FedGNNServer, registry: UserRegistry, rating_span: float,
-                 recorder: RunRecorder | None = None):
-        self.cfg, self.server, self.registry, self.recorder = cfg, server, registry, recorder
+    def __init__(self, server: FedGNNServer, registry: UserRegistry, rating_span: float, *,
+                 federation: FederationConfig, privacy: PrivacyConfig, merge: MergeConfig,
+                 expansion: ExpansionConfig, dim: int, seed: int, recorder: RunRecorder | None = None):
+        self.server, self.registry, self.recorder = server, registry, recorder
+        self.federation, self.privacy, self.expansion, self.dim, self.seed = federation, privacy, expansion, dim, seed
+        self._bounds = _BoundsSections(privacy, merge)
         self.rating_span = rating_span  # high - low of the rating scale: bounds a reported squared error
-        self.schedule = round_schedule(cfg, registry.num_users)
+        self.schedule = round_schedule(federation, expansion, registry.num_users)
         self.train_rounds_done = 0
         self.rejections: list[tuple[int, str]] = []
         self.eval_rejections = 0
@@ -75,11 +93,18 @@ class FedGNNRounds:
         self._eval_plan: dict[int, list[int]] = {}
         self._train_plan: tuple[int, dict[int, set[int]]] = (0, {})  # (logical round, node -> its sampled users)
 
+    @classmethod
+    def from_config(cls, cfg: AppConfig, server: FedGNNServer, registry: UserRegistry, rating_span: float,
+                    recorder: RunRecorder | None = None) -> FedGNNRounds:
+        """The round core of one run: its federation, privacy, merge and expansion sections, model dim and seed."""
+        return cls(server, registry, rating_span, federation=cfg.federation, privacy=cfg.privacy, merge=cfg.merge,
+                   expansion=cfg.expansion, dim=cfg.model.dim, seed=cfg.seed, recorder=recorder)
+
     # -- bookkeeping -----------------------------------------------------------------
     @property
     def first_round(self) -> int:
         """The first logical round: 0 when users report popularity before registering (round 1), else 1."""
-        return 0 if self.cfg.privacy.pseudo_sampler == "popularity" else 1
+        return 0 if self.privacy.pseudo_sampler == "popularity" else 1
 
     def phase(self, logical_round: int) -> str:
         """The phase of a logical round (round 0: popularity reports, round 1: registration)."""
@@ -147,8 +172,8 @@ class FedGNNRounds:
     # -- training --------------------------------------------------------------------
     def plan_train(self, logical_round: int, connected: set[int]) -> dict[int, list[int]]:
         """The round's sampled users, grouped by the node hosting them."""
-        chosen = sample_users(self.cfg.seed, logical_round, self.registry.live_users(connected),
-                              self.cfg.federation.clients_per_round)
+        chosen = sample_users(self.seed, logical_round, self.registry.live_users(connected),
+                              self.federation.clients_per_round)
         plan = self.registry.by_node(chosen)
         self._train_plan = (logical_round, {node: set(users) for node, users in plan.items()})
         return plan
@@ -175,7 +200,7 @@ class FedGNNRounds:
                     raise UploadRejected(f"user {user} was not sampled in round {logical_round}")
                 self.uploads[user] += 1
                 update = self.server.validate(user, arrays)
-                check_upload_bounds(self.cfg, [*update.grads, update.rows])
+                check_upload_bounds(self._bounds, [*update.grads, update.rows])
                 accepted.append(update)
             except UploadRejected as exc:
                 self.reject(logical_round, f"node {reply.node_id} user {user}: {exc}")
@@ -194,17 +219,17 @@ class FedGNNRounds:
             users_seen += named
             accepted += updates
         self.train_rounds_done += 1
-        applied = len(accepted) >= self.cfg.federation.min_clients
+        applied = len(accepted) >= self.federation.min_clients
         if applied:
             self.server.apply(accepted)
         else:
             log.warning("round %d: %d accepted updates < min_clients=%d; model unchanged",
-                        logical_round, len(accepted), self.cfg.federation.min_clients)
+                        logical_round, len(accepted), self.federation.min_clients)
         record = {"round": logical_round, "phase": PHASE_TRAIN, "clients": users_seen, "accepted": len(accepted),
                   "rejected": self.rejected_in(logical_round), "failures": len(failures), "applied": applied,
                   "bytes_down": bytes_down, "bytes_up": up / max(users_seen, 1)}
-        if self.cfg.privacy.ldp:
-            record["epsilon_per_coordinate"] = epsilon_per_coordinate(self.cfg.privacy.clip_delta, self.cfg.privacy.noise_lambda)
+        if self.privacy.ldp:
+            record["epsilon_per_coordinate"] = epsilon_per_coordinate(self.privacy.clip_delta, self.privacy.noise_lambda)
         record["round_seconds"] = time.time() - started
         self.record(record)
         return record
@@ -213,11 +238,11 @@ class FedGNNRounds:
     def is_eval_round(self, last_round: bool) -> bool:
         """True after every `eval_every` training rounds and after the last one."""
         r = self.train_rounds_done
-        return r > 0 and (r % self.cfg.federation.eval_every == 0 or last_round)
+        return r > 0 and (r % self.federation.eval_every == 0 or last_round)
 
     def plan_eval(self, connected: set[int]) -> dict[int, list[int]]:
         """The evaluating users (all, or a fixed seeded sample), grouped by node."""
-        users = eval_users(self.cfg.seed, self.registry.live_users(connected), self.cfg.federation.eval_fraction)
+        users = eval_users(self.seed, self.registry.live_users(connected), self.federation.eval_fraction)
         self._eval_plan = self.registry.by_node(users)
         return self._eval_plan
 
@@ -279,12 +304,12 @@ class FedGNNRounds:
 
     def privacy_budget(self) -> dict | None:
         """The accounted LDP budget of the run so far (fedgnn.accounting), or None without LDP."""
-        p = self.cfg.privacy
+        p = self.privacy
         users = sorted(self.server.registry)
         if not p.ldp or not users:
             return None
         model = sum(int(np.prod(s)) for s in self.server.model_shapes)
-        coordinates = np.array([model + self.server.registry[u].size * self.cfg.model.dim for u in users], np.int64)
+        coordinates = np.array([model + self.server.registry[u].size * self.dim for u in users], np.int64)
         report_bits = self.server.num_items if p.pseudo_sampler == "popularity" else 0
         return budget(p.clip_delta, p.noise_lambda, coordinates, self.uploads[users], p.delta, report_bits,
                       p.popularity_epsilon)

@@ -3,16 +3,27 @@ merging, the server optimiser step, round schedule and checkpoints.
 
 `strategies.fedgnn.FedGNNStrategy` puts this behind Flower's Strategy API; GPU and
 sweep benchmarks drive it directly (it needs only numpy and torch).
+
+The server reads only its sections: `model`, `server_opt`, `merge`, `privacy` and the run's seed;
+`FedGNNServer.from_config` picks them out of a run's config.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from fedrec_flwr.config import AppConfig
+from fedrec_flwr.config import (
+    ExpansionConfig,
+    FederationConfig,
+    MergeConfig,
+    ModelConfig,
+    PrivacyConfig,
+    ServerOptConfig,
+)
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
@@ -22,6 +33,9 @@ from fedrec_flwr.fedgnn.protocol import (
 )
 from fedrec_flwr.models import build_model
 from fedrec_flwr.privacy.popularity import estimate_counts
+
+if TYPE_CHECKING:
+    from fedrec_flwr.config import AppConfig
 
 
 def check_anonymity_set(ids: np.ndarray, num_items: int, min_rows: int) -> np.ndarray:
@@ -123,20 +137,20 @@ def robust_merge_items(uploads: list[tuple[np.ndarray, np.ndarray]], num_items: 
     return touched, merged.astype(np.float32)
 
 
-def round_schedule(cfg: AppConfig, num_users: int) -> list[str]:
+def round_schedule(federation: FederationConfig, expansion: ExpansionConfig, num_users: int) -> list[str]:
     """Phase of every logical round: register, training rounds, and (once, after T epochs) expansion.
 
     One epoch is ceil(users / clients_per_round) training rounds. Expansion is two rounds in which
     every user first submits to the neighbour service, then fetches its neighbours.
     """
-    rounds = cfg.federation.rounds
+    rounds = federation.rounds
     phases = [PHASE_REGISTER] + [PHASE_TRAIN] * rounds
-    if cfg.expansion.mode != "none":
-        per_epoch = -(-num_users // cfg.federation.clients_per_round)
-        after = cfg.expansion.epoch * per_epoch
+    if expansion.mode != "none":
+        per_epoch = -(-num_users // federation.clients_per_round)
+        after = expansion.epoch * per_epoch
         if after >= rounds:
             raise ValueError(
-                f"expansion.epoch = {cfg.expansion.epoch} puts graph expansion after training round {after}, "
+                f"expansion.epoch = {expansion.epoch} puts graph expansion after training round {after}, "
                 f"but federation.rounds = {rounds}; lower the epoch or add rounds"
             )
         phases[1 + after : 1 + after] = [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH]
@@ -173,16 +187,20 @@ class TrainUpdate:
 class FedGNNServer:
     """What the recommendation server holds and does: model, item table, optimisers, registry."""
 
-    def __init__(self, cfg: AppConfig, num_items: int, bias_init: float, device: torch.device | None = None,
+    def __init__(self, num_items: int, bias_init: float, *, model: ModelConfig, server_opt: ServerOptConfig,
+                 merge: MergeConfig, privacy: PrivacyConfig, seed: int, device: torch.device | None = None,
                  num_item_features: int = 0):
-        self.cfg, self.num_items = cfg, num_items
+        self.num_items = num_items
+        # `self.model` is the torch model; its section is `model_cfg`
+        self.model_cfg, self.server_opt, self.merge, self.privacy, self.seed = model, server_opt, merge, privacy, seed
+        self.dim = model.dim
         self.device = device or torch.device("cpu")
-        torch.manual_seed(cfg.seed)
-        gen = torch.Generator().manual_seed(cfg.seed + 1)
-        self.model = build_model(cfg.model, bias_init, num_item_features).to(self.device)
-        self.items = torch.nn.Parameter((torch.randn(num_items, cfg.model.dim, generator=gen) * cfg.model.init_std).to(self.device))
+        torch.manual_seed(seed)
+        gen = torch.Generator().manual_seed(seed + 1)
+        self.model = build_model(model, bias_init, num_item_features).to(self.device)
+        self.items = torch.nn.Parameter((torch.randn(num_items, model.dim, generator=gen) * model.init_std).to(self.device))
         params = list(self.model.parameters())
-        so = cfg.server_opt
+        so = server_opt
         if so.name == "adam":
             self.model_opt = torch.optim.Adam(params, lr=so.lr)
             self.item_opt = torch.optim.SparseAdam([self.items], lr=so.item_rate, betas=(so.item_beta1, 0.999))
@@ -196,6 +214,13 @@ class FedGNNServer:
         # popularity-matched sampler: the item counts estimated from the users' LDP reports, published at registration
         self.popularity: np.ndarray | None = None
 
+    @classmethod
+    def from_config(cls, cfg: AppConfig, num_items: int, bias_init: float, device: torch.device | None = None,
+                    num_item_features: int = 0) -> FedGNNServer:
+        """The server of one run: its model, server optimiser, merge and privacy sections and its seed."""
+        return cls(num_items, bias_init, model=cfg.model, server_opt=cfg.server_opt, merge=cfg.merge,
+                   privacy=cfg.privacy, seed=cfg.seed, device=device, num_item_features=num_item_features)
+
     # -- what goes out ---------------------------------------------------------------
     def model_weights(self) -> list[np.ndarray]:
         """Current model weights as numpy arrays (copied)."""
@@ -208,12 +233,12 @@ class FedGNNServer:
 
     def min_rows(self) -> int:
         """Rows every upload must carry: M (uniform sampler) or 1 + ratio (popularity-matched), at most the catalogue."""
-        p = self.cfg.privacy
+        p = self.privacy
         return min(p.pseudo_ratio + 1 if p.pseudo_sampler == "popularity" else p.pseudo_items, self.num_items)
 
     def registration_download(self) -> list[np.ndarray]:
         """What registration sends every node: nothing, or the published item counts the matched sampler needs."""
-        if self.cfg.privacy.pseudo_sampler != "popularity":
+        if self.privacy.pseudo_sampler != "popularity":
             return []
         if self.popularity is None:
             raise RuntimeError("the popularity-matched sampler needs the users' popularity reports before registration")
@@ -222,7 +247,7 @@ class FedGNNServer:
     def publish_popularity(self, reports: list[np.ndarray]) -> None:
         """Estimate item counts from the users' checked LDP reports (`fedrec_flwr.privacy.popularity`)."""
         total = np.sum(reports, axis=0) if reports else np.zeros(self.num_items, np.int64)
-        self.popularity = estimate_counts(total, len(reports), self.cfg.privacy.popularity_epsilon)
+        self.popularity = estimate_counts(total, len(reports), self.privacy.popularity_epsilon)
 
     # -- what comes in ---------------------------------------------------------------
     def register(self, user: int, ids: np.ndarray) -> None:
@@ -234,7 +259,7 @@ class FedGNNServer:
         registered = self.registry.get(user)
         if registered is None:
             raise UploadRejected(f"user {user} is not registered")
-        grads, ids, rows = validate_upload(arrays, self.model_shapes, self.cfg.model.dim, self.num_items,
+        grads, ids, rows = validate_upload(arrays, self.model_shapes, self.dim, self.num_items,
                                            self.min_rows(), registered.astype(np.int64))
         return TrainUpdate(user, grads, ids, rows)
 
@@ -247,7 +272,7 @@ class FedGNNServer:
         updates = sorted(updates, key=lambda u: u.user)
         s = len(updates)
         self.model_opt.zero_grad()
-        merge = self.cfg.merge
+        merge = self.merge
         for i, p in enumerate(self.model.parameters()):
             if merge.robust == "mean":
                 mean = np.asarray(sum(u.grads[i].astype(np.float64) for u in updates) / s, np.float32)
@@ -258,9 +283,9 @@ class FedGNNServer:
         self.model_opt.step()
         uploads = [(u.ids, u.rows - u.rows.mean(0) if merge.center_uploads else u.rows) for u in updates]
         if merge.robust == "mean":
-            ids, rows = merge_item_gradients(uploads, self.num_items, self.cfg.model.dim, merge.items)
+            ids, rows = merge_item_gradients(uploads, self.num_items, self.dim, merge.items)
         else:
-            ids, rows = robust_merge_items(uploads, self.num_items, self.cfg.model.dim, merge.items,
+            ids, rows = robust_merge_items(uploads, self.num_items, self.dim, merge.items,
                                            merge.robust, merge.trim_fraction)
         self.item_opt.zero_grad()
         index = torch.from_numpy(ids)[None, :].to(self.device)
@@ -269,7 +294,7 @@ class FedGNNServer:
                                        check_invariants=False)
         self.items.grad = grad.coalesce() if isinstance(self.item_opt, torch.optim.SparseAdam) else grad.to_dense()
         self.item_opt.step()
-        decay = self.cfg.server_opt.item_weight_decay
+        decay = self.server_opt.item_weight_decay
         if decay:  # decoupled from the gradient step, at the item table's current (decayed) rate
             with torch.no_grad():
                 self.items.mul_(1.0 - self.item_opt.param_groups[0]["lr"] * decay)
