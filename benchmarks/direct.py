@@ -91,6 +91,8 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
                 return float(np.sqrt(sse / n))
 
             rec["rmse"] = rmse()
+            rec["uploads_per_user"] = rounds.upload_counts()
+            rec["privacy"] = rounds.privacy_budget()  # what each user has spent up to this round
             if probe is not None:
                 rec.update(probe(server, rmse))
             if log_every:

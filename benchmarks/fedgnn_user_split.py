@@ -50,7 +50,7 @@ def split_times(users: int, device: torch.device, cache_dir: str) -> dict:
         set_weights(user.model, weights)
         rng, rows = user_rng(cfg.seed, u, 1, 2), user.item_rows(server.rows_for(u))
         t0 = time.perf_counter()
-        grads, real_rows, _, _ = local_gradients(cfg, user.model, user.state, user.data, rows, rng, device)
+        grads, real_rows, *_ = local_gradients(cfg, user.model, user.state, user.data, rows, rng, device)
         t1 = time.perf_counter()
         build_upload(cfg, user.state, user.data, grads, real_rows, rng)
         upload_ms.append((time.perf_counter() - t1) * 1e3)

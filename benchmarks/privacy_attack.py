@@ -1,6 +1,6 @@
 """Can the server tell a user's real item rows from its pseudo rows? Within-upload AUC per feature.
 
-    python -m benchmarks.privacy_attack [--dim 256] [--users 60]
+    python -m benchmarks.privacy_attack [--dim 256] [--users 60] [--sampler uniform|popularity]
 
 For each user of a small synthetic dataset the client builds one real upload; the attacker
 ranks that upload's rows by each feature and we report the mean AUC over users (0.5 is
@@ -25,10 +25,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--users", type=int, default=60)
-    ap.add_argument("--out", default="benchmarks/results/privacy_attack.json")
+    ap.add_argument("--sampler", default="uniform", choices=("uniform", "popularity"), help="privacy.pseudo_sampler")
+    ap.add_argument("--out", default="")
     args = ap.parse_args()
+    out_path = args.out or ("benchmarks/results/privacy_attack.json" if args.sampler == "uniform"
+                            else f"benchmarks/results/privacy_attack_{args.sampler}.json")
     base = [f"model.dim={args.dim}", "data.synthetic.num_users=60", "data.synthetic.num_items=200",
-            "data.synthetic.mean_degree=15", "privacy.pseudo_items=100", "data.cache_dir=.cache/fedrec"]
+            "data.synthetic.mean_degree=15", "privacy.pseudo_items=100", "data.cache_dir=.cache/fedrec",
+            f"privacy.pseudo_sampler={args.sampler}"]
     settings = {
         "pseudo rows + LDP (default)": (load_config("fedgnn", "synthetic", base), "protected"),
         "pseudo rows, no LDP": (load_config("fedgnn", "synthetic", [*base, "privacy.ldp=false"]), "protected"),
@@ -46,8 +50,8 @@ def main() -> None:
             auc = model_gradient_auc(load_config("fedgnn", "synthetic", [*base, *extra, *model_set]), args.users)
             model_attacks[f"{name}, {model_name}"] = auc
             print(f"model gradients, {name}, {model_name}: " + "  ".join(f"{k}={v:.3f}" for k, v in auc.items()))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"dim": args.dim, "users": args.users, "auc": out,
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(out_path).write_text(json.dumps({"dim": args.dim, "users": args.users, "sampler": args.sampler, "auc": out,
                                           "model_gradient_auc": model_attacks}, indent=1))
 
 

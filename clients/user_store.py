@@ -15,13 +15,14 @@ from fedrec_flwr.fsutil import atomic_write
 
 
 def _pack(st: UserState) -> list[np.ndarray]:
-    return [st.embedding, st.anonymity_ids, st.neighbours, np.frombuffer(bytes.fromhex(st.handle), np.uint8)]
+    return [st.embedding, st.anonymity_ids, st.neighbours, np.frombuffer(bytes.fromhex(st.handle), np.uint8),
+            np.array([st.offset], np.float64)]
 
 
 def _unpack(arrays) -> UserState:
-    emb, ids, neighbours, handle = arrays
+    emb, ids, neighbours, handle, offset = arrays
     return UserState(np.asarray(emb, np.float32), np.asarray(ids, np.int64), np.asarray(neighbours, np.float32),
-                     bytes(np.asarray(handle, np.uint8)).hex())
+                     bytes(np.asarray(handle, np.uint8)).hex(), float(np.asarray(offset, np.float64).reshape(-1)[0]))
 
 
 class UserStateFiles:
@@ -66,7 +67,7 @@ class UserStateFiles:
         if not older:
             return None
         with np.load(older[-1]) as z:
-            return _unpack([z[f"arr_{i}"] for i in range(4)])
+            return _unpack([z[f"arr_{i}"] for i in range(5)])
 
 
 class NodeStateStore:

@@ -64,6 +64,9 @@ class ModelConfig:
     heads: int = 1
     biases: bool = False  # add b_u = v.x_u and b_i = w.x_i (shared v, w) to the dot product
     init_std: float = 0.1  # std of the initial item rows (server) and user embeddings (devices)
+    # a scalar rating offset per user, added to its predictions, trained on the device beside its
+    # embedding and never uploaded (no privacy cost): what the user's own mean gives for free
+    user_offset: bool = False
 
 
 @dataclass
@@ -100,7 +103,12 @@ class FederationConfig:
 class LocalTrainingConfig:
     """FedGNN on the device: what each sampled user computes before it protects its upload."""
 
-    steps: int = 1  # mini-batch gradient steps per round, averaged into one upload
+    steps: int = 1  # mini-batch steps per round, averaged into one upload
+    # "gradient": every step's gradient at the downloaded weights (the paper); "delta": the steps train a
+    # local copy of the model and item rows by SGD at `lr` on gradients clipped to privacy.clip_delta, and
+    # the upload is the whole local change over lr, clipped and noised as one upload (the same cost)
+    upload: str = "gradient"
+    lr: float = 0.1  # local SGD rate of the model and item rows ("delta" uploads)
     batch_size: int = 64
     loss: str = "mean"  # uploaded gradients of the "mean" or "sum" of squared errors over the mini-batch
     user_lr: float = 0.01  # SGD rate of the private user embedding
@@ -335,6 +343,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "model.gnn": ("gat", "gcn", "ggnn"),
     "merge.items": ("clients", "count"),
     "local.loss": ("mean", "sum"),
+    "local.upload": ("gradient", "delta"),
     "privacy.pseudo_sampler": ("uniform", "popularity"),
     "merge.robust": ("mean", "median", "trimmed"),
     "server_opt.name": ("sgd", "adam"),
@@ -401,6 +410,7 @@ _RANGES: dict[str, Range] = {
     "local.steps": _AT_LEAST_ONE,
     "local.batch_size": _AT_LEAST_ONE,
     "local.user_lr": _POSITIVE,
+    "local.lr": _POSITIVE,
     "local.user_steps": _AT_LEAST_ONE,
     "federation.eval_every": _AT_LEAST_ONE,
     "trivial.payload_floats": _AT_LEAST_ONE,
@@ -569,6 +579,17 @@ def _merge_preset(cfg, preset: str, chain: tuple[str, ...]):
     return _merge(cfg, layer, f"conf/{preset}.yaml")
 
 
+def _preset_chain(preset: str) -> list[str]:
+    """The preset and the presets it inherits from, root base first (cycles were refused when merging)."""
+    chain = [preset]
+    while True:
+        layer = OmegaConf.load(_preset_path(chain[-1]))
+        base = layer.get("base") if isinstance(layer, DictConfig) else None
+        if base is None or str(base) in chain:
+            return chain[::-1]
+        chain.append(str(base))
+
+
 def _merge_dataset_file(cfg, path: Path):
     """Merge conf/datasets/<dataset>.yaml: its top-level keys, then its `algorithms.<cfg.algorithm>` section.
 
@@ -639,7 +660,8 @@ def load_config(
     """Resolve a preset, a dataset file and key=value overrides into a validated AppConfig.
 
     Later layers win: preset (after its `base:`) < conf/datasets/<dataset>.yaml (its top-level keys,
-    then its section for the preset's algorithm) < conf/<preset>/<dataset>.yaml < overrides <
+    then its section for the preset's algorithm) < conf/<base>/<dataset>.yaml for each preset it inherits
+    from, root first < conf/<preset>/<dataset>.yaml < overrides <
     `extra`, already-typed values (e.g. from Flower's run config).
     """
     cfg = _merge_preset(OmegaConf.structured(AppConfig), preset, ())
@@ -648,9 +670,10 @@ def load_config(
     if dataset:
         if dataset_conf_path(dataset).is_file():
             cfg = _merge_dataset_file(cfg, dataset_conf_path(dataset))
-        path = preset_dataset_conf_path(preset, dataset)
-        if path.is_file():
-            cfg = _merge(cfg, _load_yaml(path, "settings file", []), str(path.relative_to(CONF_DIR.parent)))
+        for name in _preset_chain(preset):  # a preset inherits its bases' dataset settings, its own win
+            path = preset_dataset_conf_path(name, dataset)
+            if path.is_file():
+                cfg = _merge(cfg, _load_yaml(path, "settings file", []), str(path.relative_to(CONF_DIR.parent)))
         cfg.data.name = dataset
     if overrides:
         layer = OmegaConf.create()

@@ -89,14 +89,16 @@ def test_upload_hides_embedding_ratings_and_count(tiny_cfg):
     assert metrics["epsilon_per_coordinate"] == pytest.approx(2 * 0.1 / 0.2)
 
 
-def test_attacker_cannot_separate_real_from_pseudo_rows(tiny_cfg):
+@pytest.mark.parametrize("protocol", [(), ("privacy.pseudo_sampler=popularity", "privacy.popularity_bins=10"),
+                                      ("local.upload=delta", "local.steps=3", "local.lr=0.01")])
+def test_attacker_cannot_separate_real_from_pseudo_rows(tiny_cfg, protocol):
     """The server ranks the rows of each upload by every feature; mean within-upload AUC must stay <= 0.6.
 
     The attack works inside one upload, as the server would: it knows whose upload it holds
     and wants that user's rated items. (Pooling rows of different users' uploads mixes users
     whose real-to-pseudo ratio and gradient scale differ, which says nothing about any one user.)
     """
-    auc = within_upload_auc(tiny_cfg("model.dim=64", "privacy.pseudo_items=40"), 60, "protected")
+    auc = within_upload_auc(tiny_cfg("model.dim=64", "privacy.pseudo_items=40", *protocol), 60, "protected")
     assert np.all(auc <= 0.6), dict(zip(FEATURES, np.round(auc, 3)))
 
 

@@ -30,20 +30,20 @@ def test_honest_ldp_uploads_pass_and_out_of_range_ones_are_refused(tiny_cfg):
     assert bound == pytest.approx(0.1 + 0.2 * np.log(coordinates / FALSE_REJECTION))
     for _ in range(3000):  # honest: clipped gradients of any size, then Laplace noise
         upload = privatize([rng.normal(0, 5, coordinates).astype(np.float32)], 0.1, 0.2, rng)
-        check_upload_bounds(cfg, upload)
+        check_upload_bounds(cfg.privacy, cfg.merge, upload)
     poisoned = [np.full(coordinates, 50.0, np.float32), np.full(coordinates, bound * 1.01, np.float32),
                 np.r_[np.zeros(coordinates - 1), -bound * 1.5].astype(np.float32), np.full(coordinates, 1e30, np.float32)]
     for upload in poisoned:
         with pytest.raises(UploadRejected, match="exceeds the LDP bound"):
-            check_upload_bounds(cfg, [upload])
+            check_upload_bounds(cfg.privacy, cfg.merge, [upload])
 
 
 def test_without_ldp_the_operator_norm_bound_applies(tiny_cfg):
     cfg = tiny_cfg("privacy.ldp=false", "merge.upload_norm_bound=10")
-    check_upload_bounds(cfg, [np.full(16, 2.0, np.float32)])  # norm 8
+    check_upload_bounds(cfg.privacy, cfg.merge, [np.full(16, 2.0, np.float32)])  # norm 8
     with pytest.raises(UploadRejected, match="upload_norm_bound"):
-        check_upload_bounds(cfg, [np.full(16, 3.0, np.float32)])  # norm 12
-    check_upload_bounds(tiny_cfg("privacy.ldp=false"), [np.full(16, 1e6, np.float32)])  # 0: no bound set
+        check_upload_bounds(cfg.privacy, cfg.merge, [np.full(16, 3.0, np.float32)])  # norm 12
+    check_upload_bounds(tiny_cfg("privacy.ldp=false").privacy, tiny_cfg("privacy.ldp=false").merge, [np.full(16, 1e6, np.float32)])  # 0: no bound set
 
 
 SHAPES = [(3, 2), ()]

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from fedrec_flwr.config import AppConfig
+from fedrec_flwr.config import MergeConfig, PrivacyConfig
 from fedrec_flwr.messages import UploadRejected
 
 FALSE_REJECTION = 1e-6  # per honest upload, with LDP on
@@ -27,9 +27,8 @@ def ldp_coordinate_bound(clip_delta: float, noise_lambda: float, coordinates: in
     return clip_delta + noise_lambda * math.log(max(coordinates, 1) / false_rejection)
 
 
-def check_upload_bounds(cfg: AppConfig, arrays: list[np.ndarray]) -> None:
+def check_upload_bounds(privacy: PrivacyConfig, merge: MergeConfig, arrays: list[np.ndarray]) -> None:
     """UploadRejected if one user's upload (float32 model gradients and item rows) is out of bounds."""
-    privacy = cfg.privacy
     if privacy.ldp:
         coordinates = sum(a.size for a in arrays)
         bound = ldp_coordinate_bound(privacy.clip_delta, privacy.noise_lambda, coordinates)
@@ -37,8 +36,8 @@ def check_upload_bounds(cfg: AppConfig, arrays: list[np.ndarray]) -> None:
         if peak > bound:
             raise UploadRejected(f"a coordinate of {peak:.3g} exceeds the LDP bound {bound:.3g} "
                                  f"(clip {privacy.clip_delta:g} + Laplace({privacy.noise_lambda:g}) tail)")
-    elif cfg.merge.upload_norm_bound:
+    elif merge.upload_norm_bound:
         norm = math.sqrt(math.fsum(float(np.square(a, dtype=np.float64).sum()) for a in arrays))
-        if norm > cfg.merge.upload_norm_bound:
+        if norm > merge.upload_norm_bound:
             raise UploadRejected(f"upload L2 norm {norm:.3g} exceeds merge.upload_norm_bound "
-                                 f"{cfg.merge.upload_norm_bound:g}")
+                                 f"{merge.upload_norm_bound:g}")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -67,13 +67,6 @@ def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: in
     return [(u, check_anonymity_set(a[0], num_items, min_rows)) for u, a in split_upload(arrays, 1)]
 
 
-class _BoundsSections(NamedTuple):
-    """The two sections `check_upload_bounds` reads: privacy (the LDP tail) and merge (the norm bound)."""
-
-    privacy: PrivacyConfig
-    merge: MergeConfig
-
-
 class FedGNNRounds:
     """Registration, training and evaluation rounds of one FedGNN run over a `FedGNNServer`."""
 
@@ -82,7 +75,7 @@ class FedGNNRounds:
                  expansion: ExpansionConfig, dim: int, seed: int, recorder: RunRecorder | None = None):
         self.server, self.registry, self.recorder = server, registry, recorder
         self.federation, self.privacy, self.expansion, self.dim, self.seed = federation, privacy, expansion, dim, seed
-        self._bounds = _BoundsSections(privacy, merge)
+        self.merge = merge
         self.rating_span = rating_span  # high - low of the rating scale: bounds a reported squared error
         self.schedule = round_schedule(federation, expansion, registry.num_users)
         self.train_rounds_done = 0
@@ -200,7 +193,7 @@ class FedGNNRounds:
                     raise UploadRejected(f"user {user} was not sampled in round {logical_round}")
                 self.uploads[user] += 1
                 update = self.server.validate(user, arrays)
-                check_upload_bounds(self._bounds, [*update.grads, update.rows])
+                check_upload_bounds(self.privacy, self.merge, [*update.grads, update.rows])
                 accepted.append(update)
             except UploadRejected as exc:
                 self.reject(logical_round, f"node {reply.node_id} user {user}: {exc}")

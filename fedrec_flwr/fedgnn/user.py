@@ -10,7 +10,7 @@ torch and torch-geometric, so GPU benchmarks can drive it on machines without fl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -45,10 +45,12 @@ class UserState:
     anonymity_ids: np.ndarray  # sorted int64: rated train items, test items, pseudo items
     neighbours: np.ndarray  # [n <= N, d] float32, from the neighbour service
     handle: str  # random anonymous name towards the neighbour service
+    offset: float = 0.0  # model.user_offset: the user's private rating offset, never sent
 
     def copy(self) -> "UserState":
         """An independent copy."""
-        return UserState(self.embedding.copy(), self.anonymity_ids.copy(), self.neighbours.copy(), self.handle)
+        return UserState(self.embedding.copy(), self.anonymity_ids.copy(), self.neighbours.copy(), self.handle,
+                         self.offset)
 
 
 class UserStore(Protocol):
@@ -115,7 +117,7 @@ def init_user_state(cfg: AppConfig, meta: PartitionMeta, data: UserData, popular
     else:
         pseudo = sample_pseudo_items(rng, meta.num_items, own, num_pseudo(p.pseudo_items, own.size, meta.num_items - own.size))
     handle = rng.bytes(16).hex()  # private randomness: the service cannot link it to the user id
-    return UserState(emb, np.union1d(own, pseudo).astype(np.int64), np.zeros((0, cfg.model.dim), np.float32), handle)
+    return UserState(emb, np.union1d(own, pseudo).astype(np.int64), np.zeros((0, cfg.model.dim), np.float32), handle, 0.0)
 
 
 def set_weights(model: RatingGNN, arrays: list[np.ndarray]) -> None:
@@ -128,6 +130,16 @@ def set_weights(model: RatingGNN, arrays: list[np.ndarray]) -> None:
             p.copy_(torch.from_numpy(np.asarray(a)).reshape(p.shape))
 
 
+class LocalStep(NamedTuple):
+    """What one user's local computation gives: the upload's raw parts and the device's new private state."""
+
+    model_grads: list[np.ndarray]
+    real_rows: np.ndarray  # gradient rows of the rated items, ascending id
+    embedding: np.ndarray  # the updated private user embedding
+    loss: float
+    offset: float  # the updated private rating offset (model.user_offset; 0 otherwise)
+
+
 def local_gradients(
     cfg: AppConfig,
     model: RatingGNN,
@@ -136,23 +148,31 @@ def local_gradients(
     item_rows: np.ndarray,
     rng: np.random.Generator,
     device: torch.device | None = None,
-) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, float]:
-    """The paper's LocalGradCal on one user.
+) -> LocalStep:
+    """The paper's LocalGradCal on one user (or local training, with local.upload = "delta").
 
-    Returns (model gradients, gradient rows of the rated items, updated user embedding,
-    training loss). Gradients are averaged over `local_steps` mini-batches; the user
+    Returns the model gradients, the gradient rows of the rated items, the updated user embedding,
+    the training loss and the updated private offset (a `LocalStep`). Gradients are averaged over `local.steps` mini-batches; the user
     embedding takes a plain SGD step after each one, then `user_steps - 1` more on all the
-    user's ratings, and stays on the device.
+    user's ratings, and stays on the device. With "delta" uploads each step also moves a local
+    copy of the model and of the rated items' rows by SGD at `local.lr` on the (`local.loss`-scaled)
+    gradient clipped to the upload's clip bound, so later steps see the user's own progress and no
+    local path can run away; what is returned is the whole local change over lr (the sum of the
+    clipped steps), which the upload then clips and noises once. One step of either kind gives the
+    same upload once clipped.
     """
     device = device or torch.device("cpu")
     model = model.to(device).train()
     if data.train_items.size == 0:  # nothing to learn from: zero gradients, which LDP then noises like any upload
         zeros = [np.zeros(tuple(p.shape), np.float32) for p in model.parameters()]
-        return zeros, np.zeros((0, item_rows.shape[1]), np.float32), state.embedding.copy(), 0.0
+        return LocalStep(zeros, np.zeros((0, item_rows.shape[1]), np.float32), state.embedding.copy(), 0.0, state.offset)
     pos = np.searchsorted(state.anonymity_ids, data.train_items)
     items_x = torch.tensor(item_rows[pos], device=device, requires_grad=True)
     features = _features_of(data, data.train_items, device)
     user_x = torch.tensor(state.embedding[None, :], device=device, requires_grad=True)
+    private = cfg.model.user_offset  # a scalar only this device holds and trains, added to every prediction
+    delta = cfg.local.upload == "delta"
+    offset = torch.tensor(float(state.offset), device=device, requires_grad=private)
     targets = torch.from_numpy(data.train_values).to(device)
     neigh_x = torch.from_numpy(state.neighbours).to(device)
     batch = build_star_batch([data.train_items.size], None, [state.neighbours.shape[0]]).to(device)
@@ -163,28 +183,42 @@ def local_gradients(
     for _ in range(cfg.local.steps):
         pick = torch.from_numpy(rng.permutation(data.train_items.size)[: cfg.local.batch_size]).to(device)
         pred, _ = model(batch, user_x, model.item_input(items_x, features), None, neigh_x)
-        loss = torch.mean((pred[pick] - targets[pick]) ** 2)
-        grads = torch.autograd.grad(loss, [*params, items_x, user_x])
+        loss = torch.mean((pred[pick] + offset - targets[pick]) ** 2)
+        grads = torch.autograd.grad(loss, [*params, items_x, user_x, *([offset] if private else [])])
+        if private:
+            *grads, g_offset = grads
         # uploads carry the gradient of the summed loss when local.loss = "sum": per-row
         # gradients then use the clip range instead of drowning in the LDP noise
         scale = float(pick.numel()) if cfg.local.loss == "sum" else 1.0
-        for acc, g in zip(grad_sum, grads[: len(params)]):
-            acc += scale * g
-        row_grad += scale * grads[len(params)]
+        step = [scale * g for g in grads[: len(params) + 1]]
+        if delta:  # each local step moves by the clipped gradient, as the server would apply it
+            step = [torch.clamp(g, -cfg.privacy.clip_delta, cfg.privacy.clip_delta) for g in step]
+        for acc, g in zip(grad_sum, step[: len(params)]):
+            acc += g
+        row_grad += step[len(params)]
         with torch.no_grad():  # the private embedding always follows the mean loss
             user_x -= cfg.local.user_lr * grads[-1]
+            if private:
+                offset -= cfg.local.user_lr * g_offset
+            if delta:  # train the local copies: the next step starts where this one ends
+                for p, g in zip(params, step[: len(params)]):
+                    p -= cfg.local.lr * g
+                items_x -= cfg.local.lr * step[len(params)]
         losses.append(loss.item())
     for _ in range(cfg.local.user_steps - 1):  # extra private steps: personalisation costs no privacy
         pred, _ = model(batch, user_x, model.item_input(items_x, features).detach(), None, neigh_x)
-        (g_user,) = torch.autograd.grad(torch.mean((pred - targets) ** 2), [user_x])
+        g_user, *g_off = torch.autograd.grad(torch.mean((pred + offset - targets) ** 2), [user_x, *([offset] if private else [])])
         with torch.no_grad():
             user_x -= cfg.local.user_lr * g_user
-    steps = cfg.local.steps
-    return (
+            if private:
+                offset -= cfg.local.user_lr * g_off[0]
+    steps = 1 if delta else cfg.local.steps  # delta: the whole local change over lr; gradient: the mean
+    return LocalStep(
         [(g / steps).cpu().numpy() for g in grad_sum],
         (row_grad / steps).cpu().numpy(),
         user_x.detach()[0].cpu().numpy(),
         float(np.mean(losses)),
+        float(offset.detach()),
     )
 
 
@@ -227,7 +261,7 @@ def evaluate_user(
         train_x = model.item_input(train_x, _features_of(data, data.train_items, device))
         query_x = model.item_input(query_x, _features_of(data, data.test_items, device))
         _, pred = model(batch, torch.from_numpy(state.embedding[None, :]).to(device), train_x, query_x, neigh_x)
-    return squared_error_sum(pred.cpu().numpy(), data.test_values, low, high)
+    return squared_error_sum(pred.cpu().numpy() + np.float32(state.offset), data.test_values, low, high)
 
 
 class FedGNNUser:
@@ -303,9 +337,10 @@ class FedGNNUser:
         set_weights(self.model, weights)
         rng = user_rng(self.cfg.seed, self.user, 1, server_round)
         torch.manual_seed(int(rng.integers(2**62)))  # dropout masks: a function of (seed, user, round) too
-        grads, real_rows, new_emb, _ = local_gradients(self.cfg, self.model, self.state, self.data,
-                                                       self.item_rows(rows), rng, self.device)
-        self.state.embedding = new_emb.astype(np.float32)
+        step = local_gradients(self.cfg, self.model, self.state, self.data, self.item_rows(rows), rng, self.device)
+        grads, real_rows = step.model_grads, step.real_rows
+        self.state.embedding = step.embedding.astype(np.float32)
+        self.state.offset = step.offset
         self.store.save(self.user, self.state, server_round)
         return build_upload(self.cfg, self.state, self.data, grads, real_rows, rng)
 

@@ -34,8 +34,10 @@ from fedrec_flwr.fedgnn.user import (
     build_upload,
     init_user_state,
     local_gradients,
+    popularity_report,
 )
 from fedrec_flwr.models import RatingGNN, build_model
+from fedrec_flwr.privacy.popularity import estimate_counts
 
 FEATURES = ("l2 norm", "l1 norm", "max |x|", "mean", "projection on mean row", "|top principal component|", "standardised distance")
 
@@ -80,14 +82,18 @@ def user_steps(cfg: AppConfig, users: int) -> Iterator[UserStep]:
     meta = parts.meta
     torch.manual_seed(cfg.seed)  # model initialisation and dropout: the same numbers on every run
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
+    popularity = None
+    if cfg.privacy.pseudo_sampler == "popularity":  # the counts every user's report adds up to, as round 0 publishes them
+        reports = [popularity_report(cfg, meta, parts.user(u)) for u in range(meta.num_users)]
+        popularity = estimate_counts(np.sum(reports, axis=0), len(reports), cfg.privacy.popularity_epsilon)
     for u in range(min(users, meta.num_users)):
         data = parts.user(u)
         if data.train_items.size < 3:
             continue
-        state = init_user_state(cfg, meta, data)
+        state = init_user_state(cfg, meta, data, popularity)
         rng = np.random.default_rng(u)
         sent = (rng.standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
-        grads, real_rows, _, _ = local_gradients(cfg, model, state, data, sent, rng)
+        grads, real_rows, *_ = local_gradients(cfg, model, state, data, sent, rng)
         yield UserStep(model, data, state, sent, grads, real_rows, rng, np.isin(state.anonymity_ids, data.train_items))
 
 
