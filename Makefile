@@ -36,7 +36,7 @@ deploy-test: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" FEDREC_DEPLOY_TEST=1 $(BIN)/python -m pytest tests/test_deploy.py
 
 bench: install
-	$(BIN)/python -m benchmarks.run --preset fedgnn --dataset ml-100k --data-dir ../shared/data --out outputs/bench-ml100k --centralized
+	$(BIN)/python -m benchmarks.run --preset fedgnn_paper --dataset ml-100k --data-dir ../shared/data --out outputs/bench-ml100k --centralized
 
 plot: install
 	$(BIN)/python -m fedrec_flwr.plot outputs/latest --out outputs/latest/plots

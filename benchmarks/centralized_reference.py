@@ -34,7 +34,7 @@ def main() -> None:
     for ds in args.datasets:
         runs = []
         for seed in args.seeds:
-            cfg = load_config("fedgnn", ds, [f"data.data_dir={args.data_dir}", f"seed={seed}",
+            cfg = load_config("fedgnn_paper", ds, [f"data.data_dir={args.data_dir}", f"seed={seed}",
                                              f"output_dir=outputs/centralized/{ds}-s{seed}", *parse_overrides(" ".join(args.set))])
             t0 = time.time()
             with contextlib.redirect_stdout(io.StringIO()):

@@ -106,9 +106,9 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
 
 
 def main() -> None:
-    """CLI: python -m benchmarks.direct --preset fedgnn --dataset synthetic --set key=value ..."""
+    """CLI: python -m benchmarks.direct --preset fedgnn_paper --dataset synthetic --set key=value ..."""
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--preset", default="fedgnn")
+    ap.add_argument("--preset", default="fedgnn_paper")
     ap.add_argument("--dataset", default="synthetic")
     ap.add_argument("--data-dir", default="data")
     ap.add_argument("--device", default="cpu")

@@ -36,7 +36,7 @@ SETTINGS = {
 
 def command(dataset: str, gnn: str, mode: str, seed: int, data_dir: str) -> list[str]:
     """The benchmarks.run arguments of one table cell (also printed in BENCHMARKS.md)."""
-    return ["--preset", "fedgnn", "--dataset", dataset, "--data-dir", data_dir, "--seed", str(seed),
+    return ["--preset", "fedgnn_paper", "--dataset", dataset, "--data-dir", data_dir, "--seed", str(seed),
             "--set", *SETTINGS[dataset], f"model.gnn={gnn}", f"expansion.mode={mode}"]
 
 

@@ -42,7 +42,7 @@ def main() -> None:
     jobs = {}
     for name, extra in (("clean", []), ("faulty", args.faults)):
         with tempfile.TemporaryDirectory() as tmp:
-            run_main(["--preset", "fedgnn", "--dataset", args.dataset, "--data-dir", args.data_dir, "--seed", str(args.seed),
+            run_main(["--preset", "fedgnn_paper", "--dataset", args.dataset, "--data-dir", args.data_dir, "--seed", str(args.seed),
                       "--out", tmp, "--set", *common, *extra])
             doc = load_results(tmp)
         train = [r for r in doc["rounds"] if r.get("phase") == "train"]
@@ -52,7 +52,7 @@ def main() -> None:
             "accepted": sum(r["accepted"] for r in train), "failures": sum(r.get("failures", 0) for r in train),
             "rejected_malformed": sum(r["rejected"] - r.get("failures", 0) for r in train),
             "rounds_not_applied": sum(not r.get("applied", True) for r in train),
-            "command": f"python -m benchmarks.run --preset fedgnn --dataset {args.dataset} --data-dir {args.data_dir} "
+            "command": f"python -m benchmarks.run --preset fedgnn_paper --dataset {args.dataset} --data-dir {args.data_dir} "
                        f"--seed {args.seed} --out OUT --set {' '.join([*common, *extra])}",
         }
         print(f"[failures] {name}: {json.dumps(jobs[name])}", flush=True)

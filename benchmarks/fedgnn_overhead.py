@@ -42,7 +42,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             common = ["--dataset", args.dataset, "--data-dir", args.data_dir]
             run_main(["--preset", "trivial", *common, "--out", f"{tmp}/trivial", "--set", f"federation.rounds={args.rounds}"])
-            run_main(["--preset", "fedgnn", *common, "--out", f"{tmp}/fedgnn", "--set", f"federation.rounds={args.rounds}",
+            run_main(["--preset", "fedgnn_paper", *common, "--out", f"{tmp}/fedgnn", "--set", f"federation.rounds={args.rounds}",
                       f"federation.eval_every={args.rounds}", *args.set])
             triv, fed = load_results(f"{tmp}/trivial"), load_results(f"{tmp}/fedgnn")
         train = [r for r in fed["rounds"] if r.get("phase") == "train"]
@@ -52,7 +52,7 @@ def main() -> None:
                      "bytes_down": statistics.mean(r["bytes_down"] for r in train),
                      "fedgnn_wall_s": fed["wall_seconds"], "final": fed["final"]})
         print(json.dumps(rows[-1]), flush=True)
-    cfg = load_config("fedgnn", args.dataset, [f"data.data_dir={args.data_dir}", *args.set])
+    cfg = load_config("fedgnn_paper", args.dataset, [f"data.data_dir={args.data_dir}", *args.set])
     from fedrec_flwr.data import UserPartitions, prepare_partitions
 
     meta = UserPartitions(prepare_partitions(cfg.data)).meta

@@ -37,7 +37,7 @@ from fedrec_flwr.fsutil import atomic_write
 
 def split_times(users: int, device: torch.device, cache_dir: str) -> dict:
     """Median milliseconds per user of the gradient step and of building the protected upload."""
-    cfg = load_config("fedgnn", "synthetic", [f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", *ML10M_SHAPE])
+    cfg = load_config("fedgnn_paper", "synthetic", [f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", *ML10M_SHAPE])
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, num_item_features=meta.num_item_features)

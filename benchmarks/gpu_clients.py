@@ -36,7 +36,7 @@ ML10M_SHAPE = ["data.synthetic.num_items=10677", "data.synthetic.mean_degree=180
 
 def fedgnn_clients_per_second(device: torch.device, users: int, rounds: int, cache_dir: str, overrides: list[str]) -> dict:
     """Median clients/s of FedGNN training rounds with users and server on `device`."""
-    cfg = load_config("fedgnn", "synthetic", [
+    cfg = load_config("fedgnn_paper", "synthetic", [
         f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", *ML10M_SHAPE,
         f"federation.rounds={rounds}", f"federation.eval_every={rounds}", *overrides,
     ])

@@ -34,9 +34,9 @@ def main() -> None:
             "data.synthetic.mean_degree=15", "privacy.pseudo_items=100", "data.cache_dir=.cache/fedrec",
             f"privacy.pseudo_sampler={args.sampler}"]
     settings = {
-        "pseudo rows + LDP (default)": (load_config("fedgnn", "synthetic", base), "protected"),
-        "pseudo rows, no LDP": (load_config("fedgnn", "synthetic", [*base, "privacy.ldp=false"]), "protected"),
-        "zeros for pseudo rows, no LDP": (load_config("fedgnn", "synthetic", [*base, "privacy.ldp=false"]), "zeros"),
+        "pseudo rows + LDP (default)": (load_config("fedgnn_paper", "synthetic", base), "protected"),
+        "pseudo rows, no LDP": (load_config("fedgnn_paper", "synthetic", [*base, "privacy.ldp=false"]), "protected"),
+        "zeros for pseudo rows, no LDP": (load_config("fedgnn_paper", "synthetic", [*base, "privacy.ldp=false"]), "zeros"),
     }
     out = {}
     for name, (cfg, mode) in settings.items():
@@ -47,7 +47,7 @@ def main() -> None:
     for name, extra in (("pseudo rows + LDP (default)", []), ("pseudo rows, no LDP", ["privacy.ldp=false"])):
         for model_name, model_set in (("paper model (GAT)", []), ("tuned model (GGNN + biases) with public item features",
                                       ["model.gnn=ggnn", "model.biases=true", "data.item_features=true"])):
-            auc = model_gradient_auc(load_config("fedgnn", "synthetic", [*base, *extra, *model_set]), args.users)
+            auc = model_gradient_auc(load_config("fedgnn_paper", "synthetic", [*base, *extra, *model_set]), args.users)
             model_attacks[f"{name}, {model_name}"] = auc
             print(f"model gradients, {name}, {model_name}: " + "  ".join(f"{k}={v:.3f}" for k, v in auc.items()))
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 """Benchmark driver: launch one real run (federated through `flwr run`, or centralized) and report.
 
-    python -m benchmarks.run --preset fedgnn --dataset ml-100k --data-dir DATA \
+    python -m benchmarks.run --preset fedgnn_paper --dataset ml-100k --data-dir DATA \
         [--out DIR] [--centralized] [--seed 0] [--set key=value ...]
 
 DATA is the folder holding the datasets. The run's results.json and rounds.csv go to --out, by
@@ -138,7 +138,7 @@ def input_errors_exit():
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments, run, print the final metrics as the last line."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="fedgnn")
+    ap.add_argument("--preset", default="fedgnn_paper")
     ap.add_argument("--dataset", default="", help="registry name; default: the preset's own")
     ap.add_argument("--data-dir", default="data")
     ap.add_argument("--cache-dir", default=str(ROOT / ".cache" / "fedrec"))

@@ -78,14 +78,14 @@ def main() -> None:
                      f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
                      "federation.eval_fraction=0.01", *args.set]
         # build the dataset and partitions outside the measured job (it shows its own progress)
-        cfg = load_config("fedgnn", "synthetic", [f"data.cache_dir={args.cache_dir}", *overrides])
+        cfg = load_config("fedgnn_paper", "synthetic", [f"data.cache_dir={args.cache_dir}", *overrides])
         t0 = time.time()
         meta = UserPartitions(prepare_partitions(cfg.data)).meta
         prep = time.time() - t0
         with tempfile.TemporaryDirectory() as tmp:
             mem = PeakMemory()
             t0 = time.time()
-            run_main(["--preset", "fedgnn", "--dataset", "synthetic", "--cache-dir", args.cache_dir, "--out", tmp,
+            run_main(["--preset", "fedgnn_paper", "--dataset", "synthetic", "--cache-dir", args.cache_dir, "--out", tmp,
                       "--set", *overrides])
             wall = time.time() - t0
             peak = mem.stop()

@@ -110,7 +110,7 @@ def deploy_and_run(algorithm: str, work: Path, rounds: int, nodes: int) -> dict:
     subprocess.run(["bash", str(ROOT / "deploy" / "make_certs.sh"), str(certs), str(nodes + 2)], check=True,
                    capture_output=True)
     if algorithm == "fedgnn":
-        preset, dataset = "fedgnn", "synthetic"
+        preset, dataset = "fedgnn_paper", "synthetic"
         data_set = [f"data.synthetic.num_users={nodes}", "data.synthetic.num_items=60", "data.synthetic.mean_degree=12",
                     "data.synthetic.test_fraction=0.3", "model.dim=16", "privacy.pseudo_items=20"]
         run_set = [*data_set, f"federation.rounds={rounds}", f"federation.clients_per_round={nodes}",

@@ -313,12 +313,18 @@ MOVED_KEYS: dict[str, str] = {
 }
 
 
+# presets that were renamed, and their new names; an old name fails naming its new one
+RENAMED_PRESETS: dict[str, str] = {
+    "fedgnn": "fedgnn_paper",  # the paper's hyper-parameters; "fedgnn" is the algorithm, not a preset
+}
+
+
 @dataclass
 class AppConfig:
     """Everything a run needs, validated."""
 
     algorithm: str = "fedgnn"
-    preset: str = "fedgnn"
+    preset: str = "fedgnn_paper"
     seed: int = 0
     output_dir: str = "outputs/latest"
     data: DataConfig = field(default_factory=DataConfig)
@@ -569,6 +575,10 @@ def _merge_preset(cfg, preset: str, chain: tuple[str, ...]):
     """Merge conf/<preset>.yaml into cfg, after the preset named by its `base:` key (if any)."""
     if preset in chain:
         raise ConfigError(f"conf/{preset}.yaml: presets inherit in a cycle: {' -> '.join([*chain, preset])}")
+    if preset in RENAMED_PRESETS and not _preset_path(preset).is_file():
+        new = RENAMED_PRESETS[preset]
+        raise ConfigError(f"preset '{preset}' has been renamed; use '{new}' (conf/{new}.yaml; '{preset}' "
+                          f"names the algorithm, which a preset sets with its 'algorithm' key)")
     layer = _load_yaml(_preset_path(preset), "preset", available_presets())
     base = layer.pop("base", None) if isinstance(layer, DictConfig) else None
     if base is not None:
@@ -652,7 +662,7 @@ def _validate(cfg: AppConfig) -> None:
 
 
 def load_config(
-    preset: str = "fedgnn",
+    preset: str = "fedgnn_paper",
     dataset: str | None = None,
     overrides: list[str] | None = None,
     extra: Mapping[str, Any] | None = None,
@@ -722,7 +732,7 @@ def from_run_config(run_config: Mapping[str, Any]) -> AppConfig:
     except ConfigError as exc:
         raise ConfigError(f"run-config key 'set': {exc}") from None
     dataset = str(run_config.get("dataset") or "") or None
-    return load_config(str(run_config.get("preset", "fedgnn")), dataset, overrides, extra)
+    return load_config(str(run_config.get("preset", "fedgnn_paper")), dataset, overrides, extra)
 
 
 def to_dict(cfg: AppConfig) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Per-node data for deployment: each SuperNode gets only its own user's (or domain's) file.
 
-    python -m fedrec_flwr.node_data --preset fedgnn --dataset synthetic --out deploy/data [--users 0 1 2]
+    python -m fedrec_flwr.node_data --preset fedgnn_paper --dataset synthetic --out deploy/data [--users 0 1 2]
 
 writes `user-<u>.npz` per user (FedGNN) or `domain-<k>.npz` per domain (FPPDM), plus
 `catalogue.json`: the public facts the server needs (dataset name, user and item counts,
@@ -150,7 +150,7 @@ def load_catalogue(path: Path | str) -> dict:
 def main() -> None:
     """CLI: export per-node files for a preset and dataset."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="fedgnn")
+    ap.add_argument("--preset", default="fedgnn_paper")
     ap.add_argument("--dataset", default="")
     ap.add_argument("--data-dir", default="data")
     ap.add_argument("--cache-dir", default=".cache/fedrec")

@@ -23,7 +23,7 @@ def shared_data() -> Path:
 def tiny_cfg(tmp_path):
     """A small FedGNN config on a small synthetic dataset, caching under tmp_path."""
     def make(*overrides: str):
-        return load_config("fedgnn", "synthetic", [
+        return load_config("fedgnn_paper", "synthetic", [
             f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'out'}",
             "data.synthetic.num_users=60", "data.synthetic.num_items=80", "data.synthetic.mean_degree=12",
             "model.dim=16", "privacy.pseudo_items=30", *overrides,

@@ -7,7 +7,7 @@ from fedrec_flwr.config import load_config
 
 
 def test_centralized_beats_global_mean(tmp_path):
-    cfg = load_config("fedgnn", "synthetic", [
+    cfg = load_config("fedgnn_paper", "synthetic", [
         f"output_dir={tmp_path}", f"data.cache_dir={tmp_path / 'c'}", "model.dim=32", "centralized.epochs=12",
         "centralized.lr=0.01",
     ])

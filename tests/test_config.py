@@ -8,7 +8,7 @@ from fedrec_flwr.config import ConfigError, from_run_config, load_config
 
 
 def test_preset_carries_paper_hyperparameters():
-    cfg = load_config("fedgnn")
+    cfg = load_config("fedgnn_paper")
     assert (cfg.model.gnn, cfg.model.dim, cfg.model.dropout) == ("gat", 256, 0.2)
     assert (cfg.privacy.clip_delta, cfg.privacy.noise_lambda, cfg.privacy.pseudo_items) == (0.1, 0.2, 1000)
     assert cfg.federation.clients_per_round == 128 and cfg.server_opt.lr == 0.01
@@ -16,24 +16,24 @@ def test_preset_carries_paper_hyperparameters():
 
 
 def test_dataset_file_and_overrides_merge_in_order():
-    cfg = load_config("fedgnn", "synthetic", ["model.gnn=gcn", "federation.rounds=3"])
+    cfg = load_config("fedgnn_paper", "synthetic", ["model.gnn=gcn", "federation.rounds=3"])
     assert cfg.data.name == "synthetic" and cfg.data.synthetic.num_users == 300
     assert cfg.model.gnn == "gcn" and cfg.federation.rounds == 3
 
 
 def test_unknown_key_is_named():
     with pytest.raises(ConfigError, match="model.colour"):
-        load_config("fedgnn", None, ["model.colour=3"])
+        load_config("fedgnn_paper", None, ["model.colour=3"])
 
 
 def test_wrong_type_is_named():
     with pytest.raises(ConfigError, match="federation.rounds"):
-        load_config("fedgnn", None, ["federation.rounds=many"])
+        load_config("fedgnn_paper", None, ["federation.rounds=many"])
 
 
 def test_bad_choice_is_named():
     with pytest.raises(ConfigError, match="model.gnn"):
-        load_config("fedgnn", None, ["model.gnn=transformer"])
+        load_config("fedgnn_paper", None, ["model.gnn=transformer"])
 
 
 def test_unknown_preset_lists_known_ones():
@@ -41,13 +41,29 @@ def test_unknown_preset_lists_known_ones():
         load_config("nope")
 
 
+def test_the_old_paper_preset_name_fails_naming_its_new_one(tmp_path, monkeypatch):
+    """'fedgnn' is the algorithm; the paper's hyper-parameters are the preset 'fedgnn_paper'."""
+    import fedrec_flwr.config as config
+
+    renamed = re.escape("preset 'fedgnn' has been renamed; use 'fedgnn_paper'")
+    with pytest.raises(ConfigError, match=renamed):
+        load_config("fedgnn")
+    with pytest.raises(ConfigError, match=renamed):
+        from_run_config({"preset": "fedgnn"})
+    assert load_config().preset == "fedgnn_paper" and load_config().algorithm == "fedgnn"
+    (tmp_path / "mine.yaml").write_text("base: fedgnn\n")
+    monkeypatch.setattr(config, "CONF_DIR", tmp_path)
+    with pytest.raises(ConfigError, match=r"conf/mine\.yaml, key 'base': " + renamed):
+        load_config("mine")
+
+
 def test_flower_run_config_maps_to_app_config():
-    cfg = from_run_config({"preset": "fedgnn", "dataset": "synthetic", "data-dir": "/d", "output-dir": "/o",
+    cfg = from_run_config({"preset": "fedgnn_paper", "dataset": "synthetic", "data-dir": "/d", "output-dir": "/o",
                            "seed": 7, "set": "privacy.ldp=false federation.rounds=4"})
     assert (cfg.data.data_dir, cfg.output_dir, cfg.seed) == ("/d", "/o", 7)
     assert cfg.privacy.ldp is False and cfg.federation.rounds == 4
     with pytest.raises(ConfigError, match="unknown run-config key"):
-        from_run_config({"preset": "fedgnn", "colour": "red"})
+        from_run_config({"preset": "fedgnn_paper", "colour": "red"})
 
 
 def test_client_resources_and_device_come_from_config():
@@ -56,22 +72,22 @@ def test_client_resources_and_device_come_from_config():
     from benchmarks.run import federation_config
     from fedrec_flwr.client_app import client_device
 
-    cfg = load_config("fedgnn", "synthetic", ["simulation.num_gpus=0.25", "simulation.num_cpus=2"])
+    cfg = load_config("fedgnn_paper", "synthetic", ["simulation.num_gpus=0.25", "simulation.num_cpus=2"])
     assert federation_config(7, cfg) == "num-supernodes=7 client-resources-num-cpus=2 client-resources-num-gpus=0.25"
-    assert client_device(load_config("fedgnn", "synthetic")).type == "cpu"
+    assert client_device(load_config("fedgnn_paper", "synthetic")).type == "cpu"
     if torch.cuda.is_available():
         assert client_device(cfg).type == "cuda"
     else:
         assert client_device(cfg).type == "cpu"  # a GPU share on a machine without one falls back
         with pytest.raises(RuntimeError, match="simulation.device = 'cuda' but torch sees no CUDA device"):
-            client_device(load_config("fedgnn", "synthetic", ["simulation.device=cuda"]))
+            client_device(load_config("fedgnn_paper", "synthetic", ["simulation.device=cuda"]))
 
 
 def test_fault_probabilities_are_checked():
     with pytest.raises(ConfigError, match="faults.crash.*probability"):
-        load_config("fedgnn", "synthetic", ["faults.crash=1.5"])
+        load_config("fedgnn_paper", "synthetic", ["faults.crash=1.5"])
     with pytest.raises(ConfigError, match="checkpoint.resume does not support expansion.mode = 'trainable'"):
-        load_config("fedgnn", "synthetic", ["checkpoint.resume=true", "expansion.mode=trainable"])
+        load_config("fedgnn_paper", "synthetic", ["checkpoint.resume=true", "expansion.mode=trainable"])
 
 
 @pytest.mark.parametrize("override, message", [
@@ -83,11 +99,11 @@ def test_fault_probabilities_are_checked():
 ])
 def test_server_optimiser_ranges_are_checked(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        load_config("fedgnn", "synthetic", [override])
+        load_config("fedgnn_paper", "synthetic", [override])
 
 
 def test_a_preset_inherits_from_its_base_and_overrides_it():
-    paper, tuned = load_config("fedgnn"), load_config("fedgnn_tuned")
+    paper, tuned = load_config("fedgnn_paper"), load_config("fedgnn_tuned")
     assert tuned.preset == "fedgnn_tuned" and tuned.algorithm == "fedgnn"
     assert (tuned.privacy.pseudo_items, tuned.privacy.clip_delta, tuned.privacy.noise_lambda) == (1000, 0.1, 0.2)
     assert tuned.model.dim == paper.model.dim == 256 and tuned.federation.clients_per_round == 128
@@ -117,7 +133,7 @@ def test_a_preset_can_carry_settings_for_one_dataset():
     douban = load_config("fedgnn_tuned", "douban")
     assert (douban.federation.rounds, douban.local.user_steps, douban.server_opt.lr_decay) == (200, 5, 0.99)
     assert load_config("fedgnn_tuned", "ml-100k").federation.rounds == 300
-    assert load_config("fedgnn", "douban").federation.rounds == load_config("fedgnn", "ml-100k").federation.rounds
+    assert load_config("fedgnn_paper", "douban").federation.rounds == load_config("fedgnn_paper", "ml-100k").federation.rounds
     assert load_config("fedgnn_tuned", "douban", ["federation.rounds=7"]).federation.rounds == 7
 
 
@@ -175,7 +191,7 @@ def test_every_fppdm_preset_resolves_to_the_tables_settings_for_a_dataset(datase
     assert load_config("fppdm_pp", dataset).fppdm.coclustering.lambda_c == 0.07  # the preset's own keys stay
     assert load_config("single_domain", dataset).fppdm.training.lambda_p == 0.0
     assert load_config("fppdm", dataset, ["fppdm.training.lr=0.5"]).fppdm.training.lr == 0.5
-    assert load_config("fedgnn", dataset).federation.rounds == load_config("fedgnn").federation.rounds  # FPPDM only
+    assert load_config("fedgnn_paper", dataset).federation.rounds == load_config("fedgnn_paper").federation.rounds  # FPPDM only
 
 
 def test_dataset_file_sections_per_algorithm_and_their_precedence(tmp_path, monkeypatch):

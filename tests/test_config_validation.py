@@ -55,7 +55,7 @@ def test_every_numeric_key_has_a_range_rule():
 
 def test_the_defaults_and_every_preset_are_in_range():
     AppConfig()  # the dataclass defaults themselves
-    for preset in ("fedgnn", "fedgnn_tuned", "fedgnn_features", "fppdm", "fppdm_pp", "fedavg_lightgcn", "single_domain", "trivial"):
+    for preset in ("fedgnn_paper", "fedgnn_tuned", "fedgnn_features", "fppdm", "fppdm_pp", "fedavg_lightgcn", "single_domain", "trivial"):
         load_config(preset)
 
 
@@ -63,14 +63,14 @@ def test_the_defaults_and_every_preset_are_in_range():
 def test_nan_and_infinity_are_refused_for_every_float_key(key):
     for value in ("nan", "inf", "-inf"):
         with pytest.raises(ConfigError, match=re.escape(f"config key '{key}' = ") + r".*expected a finite number"):
-            load_config("fedgnn", "synthetic", [f"{key}={value}"])
+            load_config("fedgnn_paper", "synthetic", [f"{key}={value}"])
 
 
 @pytest.mark.parametrize("key", sorted(k for k, r in _RANGES.items() if r.low is not None or r.high is not None))
 def test_every_bounded_key_refuses_a_value_outside_its_range(key):
     for value in _outside(key):
         with pytest.raises(ConfigError, match=re.escape(f"config key '{key}' = ")):
-            load_config("fedgnn", "synthetic", [f"{key}={value}"])
+            load_config("fedgnn_paper", "synthetic", [f"{key}={value}"])
 
 
 @pytest.mark.parametrize("override, message", [
@@ -89,11 +89,11 @@ def test_every_bounded_key_refuses_a_value_outside_its_range(key):
 ])
 def test_range_errors_name_the_key_and_the_range(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        load_config("fedgnn", "synthetic", [override])
+        load_config("fedgnn_paper", "synthetic", [override])
 
 
 def test_expansion_right_after_registration_stays_allowed():
-    assert load_config("fedgnn", "synthetic", ["expansion.epoch=0"]).expansion.epoch == 0
+    assert load_config("fedgnn_paper", "synthetic", ["expansion.epoch=0"]).expansion.epoch == 0
 
 
 def test_list_values_survive_override_parsing():
@@ -115,8 +115,8 @@ def test_list_values_survive_override_parsing():
 ])
 def test_run_config_errors_name_the_run_config_key(run_config, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        from_run_config({"preset": "fedgnn", **run_config})
-    assert from_run_config({"preset": "fedgnn", "seed": "7"}).seed == 7
+        from_run_config({"preset": "fedgnn_paper", **run_config})
+    assert from_run_config({"preset": "fedgnn_paper", "seed": "7"}).seed == 7
 
 
 @pytest.mark.parametrize("override, key", [
@@ -125,7 +125,7 @@ def test_run_config_errors_name_the_run_config_key(run_config, message):
 ])
 def test_each_error_is_one_line_naming_the_key(override, key):
     with pytest.raises(ConfigError) as err:
-        load_config("fedgnn", "synthetic", [override])
+        load_config("fedgnn_paper", "synthetic", [override])
     assert key in str(err.value) and "\n" not in str(err.value)
 
 

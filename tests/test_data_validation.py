@@ -113,7 +113,7 @@ def test_mat_truncated_or_inconsistent_files_are_refused(tmp_path):
 
 def _ml100k_cfg(tmp_path):
     _write_dataset(tmp_path / "data", "ml-100k", b"4\t2\t3\t881250949")
-    return load_config("fedgnn", "ml-100k", [f"data.data_dir={tmp_path / 'data'}", f"data.cache_dir={tmp_path / 'cache'}"]).data
+    return load_config("fedgnn_paper", "ml-100k", [f"data.data_dir={tmp_path / 'data'}", f"data.cache_dir={tmp_path / 'cache'}"]).data
 
 
 def test_cache_key_covers_file_contents_not_just_size_and_mtime(tmp_path):

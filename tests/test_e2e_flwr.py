@@ -25,7 +25,7 @@ needs_superlink = pytest.mark.skipif(
 def test_flwr_run_writes_results(tmp_path, capsys):
     out = tmp_path / "out"
     run_main([
-        "--preset", "fedgnn", "--dataset", "synthetic", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+        "--preset", "fedgnn_paper", "--dataset", "synthetic", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
         "--set", "data.synthetic.num_users=24", "data.synthetic.num_items=60", "data.synthetic.mean_degree=10",
         "model.dim=16", "privacy.pseudo_items=20", "federation.rounds=2", "federation.clients_per_round=8",
         "federation.eval_every=1",
@@ -49,7 +49,7 @@ def test_flwr_run_with_graph_expansion(tmp_path, capsys):
     """The neighbour service starts as its own process; every user expands, then trains with neighbours."""
     out = tmp_path / "out"
     run_main([
-        "--preset", "fedgnn", "--dataset", "synthetic", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+        "--preset", "fedgnn_paper", "--dataset", "synthetic", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
         "--set", "data.synthetic.num_users=20", "data.synthetic.num_items=50", "data.synthetic.mean_degree=8",
         "model.dim=8", "privacy.pseudo_items=10", "federation.rounds=2", "federation.clients_per_round=8",
         "federation.eval_every=2", "expansion.mode=trainable", "expansion.epoch=0", "expansion.max_neighbours=3",
@@ -107,7 +107,7 @@ def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(tmp_pa
     """SIGKILL the ServerApp's process after a checkpoint, rerun with checkpoint.resume=true: same final RMSE."""
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    common = ["--preset", "fedgnn", "--dataset", "synthetic", "--cache-dir", str(tmp_path / "cache"), "--set",
+    common = ["--preset", "fedgnn_paper", "--dataset", "synthetic", "--cache-dir", str(tmp_path / "cache"), "--set",
               "data.synthetic.num_users=40", "data.synthetic.num_items=60", "data.synthetic.mean_degree=10",
               "model.dim=16", "privacy.pseudo_items=20", "federation.rounds=12", "federation.clients_per_round=8",
               "federation.eval_every=12", "checkpoint.every=2"]

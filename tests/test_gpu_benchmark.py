@@ -32,7 +32,7 @@ SMALL_FEDGNN = ["model.dim=16", "privacy.pseudo_items=50", "federation.clients_p
 
 
 def _cfg(*overrides: str):
-    return load_config("fedgnn", "synthetic", list(overrides))
+    return load_config("fedgnn_paper", "synthetic", list(overrides))
 
 
 @pytest.mark.parametrize("overrides", [(), ("simulation.num_gpus=0.5",), ("simulation.device=cpu",)])

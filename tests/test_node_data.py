@@ -48,7 +48,7 @@ def test_domain_files_round_trip(tmp_path):
 def test_a_deployed_node_hosts_exactly_the_user_of_its_file(tiny_cfg, tmp_path):
     cfg = tiny_cfg()
     export_nodes(cfg, tmp_path / "nodes", users=[11])
-    run_config = {"preset": "fedgnn", "dataset": "synthetic", "cache-dir": cfg.data.cache_dir,
+    run_config = {"preset": "fedgnn_paper", "dataset": "synthetic", "cache-dir": cfg.data.cache_dir,
                   "set": "data.synthetic.num_users=60 data.synthetic.num_items=80 data.synthetic.mean_degree=12 "
                          "model.dim=16 privacy.pseudo_items=30"}
     ctx = Context(run_id=1, node_id=99, node_config={"data-path": str(tmp_path / "nodes" / "user-11.npz")},

@@ -74,8 +74,8 @@ def test_sigterm_stops_the_run_on_the_superlink(fake_flwr):
 def test_the_default_output_folder_names_preset_dataset_and_seed():
     assert default_out("fppdm", "amazon-phone-elec", 0) == Path("outputs/fppdm-amazon-phone-elec-s0")
     assert default_out("fppdm_pp", "disencdr:phone_elec", 2) == Path("outputs/fppdm_pp-disencdr-phone_elec-s2")
-    assert default_out("fedgnn", "a/../b c", 1) == Path("outputs/fedgnn-a-..-b-c-s1")
-    assert default_out("fedgnn", "ml-100k", 0, centralized=True) == Path("outputs/fedgnn-ml-100k-s0-centralized")
+    assert default_out("fedgnn_paper", "a/../b c", 1) == Path("outputs/fedgnn_paper-a-..-b-c-s1")
+    assert default_out("fedgnn_paper", "ml-100k", 0, centralized=True) == Path("outputs/fedgnn_paper-ml-100k-s0-centralized")
 
 
 @pytest.mark.parametrize("argv, expected", [
