@@ -147,6 +147,9 @@ class SimulationConfig:
     num_cpus: float = 1.0  # Ray resources per ClientApp
     num_gpus: float = 0.0  # fractional GPU per ClientApp; > 0 moves models and batches to CUDA
     device: str = "auto"  # "auto": cuda when num_gpus > 0 and a GPU is visible, else cpu; or "cpu"/"cuda"
+    # false: the ServerApp drops Flower's own INFO lines of every round and its end-of-run History dump
+    # (fedrec_flwr.logs), leaving one `[fedgnn]` / `[fppdm]` line per round; true: show them (also in a deployment)
+    flower_logs: bool = False
 
 
 @dataclass

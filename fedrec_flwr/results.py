@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ class RunRecorder:
             "status": "running",
         }
         self._t0 = time.time()
+        self.consoles: dict[str, RoundConsole] = {}  # tag -> its console line of the round in progress
         (self.output_dir / "rounds.csv").unlink(missing_ok=True)
         self.write()  # status "running" from the start: a results.json of an earlier run never survives
 
@@ -56,6 +58,7 @@ class RunRecorder:
 
     def fail(self, reason: str) -> Path:
         """Mark the run failed with its reason (a failed run never reports metrics as final)."""
+        self.flush_console()
         self.doc["status"] = "failed"
         self.doc["error"] = reason
         self.doc["wall_seconds"] = time.time() - self._t0
@@ -73,12 +76,22 @@ class RunRecorder:
 
     def finish(self, final: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
         """Record the final metrics and total wall time; returns the results.json path."""
+        self.flush_console()
         self.doc["final"] = final
         self.doc["wall_seconds"] = time.time() - self._t0
         self.doc["status"] = "finished"
         if extra:
             self.doc.update(extra)
         return self.write()
+
+    def console(self, tag: str) -> RoundConsole:
+        """The console of this run's `[tag]` round lines."""
+        return self.consoles.setdefault(tag, RoundConsole(tag))
+
+    def flush_console(self) -> None:
+        """Print every round line still held (the run ends, or fails, before its round completed)."""
+        for console in self.consoles.values():
+            console.flush()
 
     def write(self) -> Path:
         """Write results.json and rounds.csv (atomically)."""
@@ -94,11 +107,51 @@ class RunRecorder:
         return path
 
 
-def report_round(recorder: "RunRecorder | None", tag: str, record: dict[str, Any]) -> None:
-    """Print one round's record as `[tag] key=value ...` and add it to the run's results (if recording)."""
+def format_round(tag: str, record: dict[str, Any]) -> str:
+    """One round's console line: `[tag] key=value ...`, floats to 4 decimals."""
+    return f"[{tag}] " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items())
+
+
+class RoundConsole:
+    """One console line per round: the records of a round are merged and printed once, when it completes.
+
+    A record reported with `complete=False` (training, when the round's evaluation is still to come) is
+    held; the next record of the same round joins it, and the line is printed when a record completes
+    the round, when a record of another round arrives, or on `flush` (the run ends or fails).
+    """
+
+    def __init__(self, tag: str, stream=None):
+        self.tag, self.stream = tag, stream
+        self.pending: dict[str, Any] | None = None
+
+    def report(self, record: dict[str, Any], complete: bool = True) -> None:
+        """Add one record of a round; print the round's line if `complete`."""
+        if self.pending is not None and self.pending.get("round") != record.get("round"):
+            self.flush()
+        self.pending = {**(self.pending or {}), **record}
+        if complete:
+            self.flush()
+
+    def flush(self) -> None:
+        """Print the held line, if any."""
+        if self.pending is not None:
+            line, self.pending = format_round(self.tag, self.pending), None
+            print(line, file=self.stream or sys.stdout, flush=True)
+
+
+_UNRECORDED: dict[str, RoundConsole] = {}  # consoles of round cores that run without a recorder
+
+
+def report_round(recorder: "RunRecorder | None", tag: str, record: dict[str, Any], complete: bool = True) -> None:
+    """Add one round's record to the run's results (if recording) and to its console line, `[tag] key=value ...`,
+    printed once per round: with `complete=False` (an evaluation of the same round follows) the line waits
+    for the rest of the round (RoundConsole). rounds.csv and results.json get every record as before."""
     if recorder is not None:
         recorder.add_round(record)
-    print(f"[{tag}] " + " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()), flush=True)
+        console = recorder.console(tag)
+    else:
+        console = _UNRECORDED.setdefault(tag, RoundConsole(tag))
+    console.report(record, complete)
 
 
 def load_results(path: str | Path) -> dict[str, Any]:

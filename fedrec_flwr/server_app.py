@@ -15,7 +15,7 @@ from fedrec_flwr.baselines import baseline_rmses
 from fedrec_flwr.config import from_run_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.fedgnn.protocol import ExpansionLink
-from fedrec_flwr.logs import configure_console_logging
+from fedrec_flwr.logs import configure_console_logging, show_flower_round_logs
 from fedrec_flwr.neighbours import (
     ADMIN_TOKEN_ENV,
     NeighbourClient,
@@ -36,6 +36,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     """Validate the run config, then build the strategy of the configured algorithm (fedrec_flwr.algorithms)."""
     configure_console_logging()
     cfg = from_run_config(context.run_config)
+    show_flower_round_logs(cfg.simulation.flower_logs)  # off: one `[fedgnn]` / `[fppdm]` line per round
     try:
         return get_algorithm(cfg.algorithm).part("server")(cfg)
     except Exception as exc:

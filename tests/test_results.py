@@ -1,11 +1,12 @@
 """Run outputs: results.json/rounds.csv after every round, summary text and PNG charts."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 
 from fedrec_flwr.plot import plot_runs
-from fedrec_flwr.results import RunRecorder
+from fedrec_flwr.results import RunRecorder, report_round
 from fedrec_flwr.summary import summarize
 
 
@@ -49,3 +50,79 @@ def test_summary_shows_the_baselines_and_the_accounted_budget(tmp_path):
     assert "epsilon 1 per coordinate of one upload" in text and "one upload (1,000 coordinates): 1000 basic" in text
     assert "max user over the run (5 uploads): 5000 basic" in text
     assert "1.000 MB up, 2.000 MB down" in text
+
+
+def _lines(capsys, tag="[fedgnn]"):
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith(tag)]
+
+
+def test_the_console_shows_one_line_per_round_with_its_evaluation(tmp_path, capsys):
+    """A training round that evaluates prints once, after its evaluation, with both; files keep every record."""
+    rec = RunRecorder(tmp_path, "fedgnn", "synthetic", {})
+    report_round(rec, "fedgnn", {"round": 1, "phase": "register", "clients": 4})
+    assert _lines(capsys) == ["[fedgnn] round=1 phase=register clients=4"]
+    report_round(rec, "fedgnn", {"round": 2, "phase": "train", "round_seconds": 0.5})  # no evaluation: printed now
+    assert _lines(capsys) == ["[fedgnn] round=2 phase=train round_seconds=0.5000"]
+    report_round(rec, "fedgnn", {"round": 3, "phase": "train", "round_seconds": 0.25}, complete=False)
+    assert _lines(capsys) == []  # its evaluation is still to come
+    report_round(rec, "fedgnn", {"round": 3, "rmse": 1.0, "mae": 0.75})
+    assert _lines(capsys) == ["[fedgnn] round=3 phase=train round_seconds=0.2500 rmse=1.0000 mae=0.7500"]
+    report_round(rec, "fedgnn", {"round": 4, "phase": "train"}, complete=False)
+    report_round(rec, "fedgnn", {"round": 5, "phase": "train"})  # round 4's evaluation never came
+    assert _lines(capsys) == ["[fedgnn] round=4 phase=train", "[fedgnn] round=5 phase=train"]
+    report_round(rec, "fedgnn", {"round": 6, "phase": "train"}, complete=False)
+    rec.finish({"rmse": 1.0})  # the run ends (or fails) with a round held: it is printed first
+    assert _lines(capsys) == ["[fedgnn] round=6 phase=train"]
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert [r["round"] for r in doc["rounds"]] == [1, 2, 3, 4, 5, 6] and doc["rounds"][2]["rmse"] == 1.0
+    header, *rows = (tmp_path / "rounds.csv").read_text().splitlines()
+    assert header == "round,phase,clients,round_seconds,rmse,mae" and rows[2] == "3,train,,0.25,1.0,0.75"
+
+
+def test_a_fedgnn_run_prints_one_line_per_round(tiny_cfg, capsys):
+    """Registration, 4 training rounds evaluating every 2nd: five `[fedgnn]` round lines, then FINAL."""
+    from flwr.app import RecordDict
+    from inprocess import drive
+
+    from clients.fedgnn import FedGNNClient
+    from clients.user_store import NodeStateStore
+    from fedrec_flwr.data import UserPartitions, prepare_partitions
+    from strategies.fedgnn import FedGNNStrategy
+
+    cfg = tiny_cfg("federation.rounds=4", "federation.eval_every=2", "federation.clients_per_round=12")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, RunRecorder(cfg.output_dir, "fedgnn", "s", {}),
+                              meta.num_users, rating_span=4.0)
+    clients = {u: FedGNNClient(cfg, meta, [u], parts.user, NodeStateStore(RecordDict())) for u in range(meta.num_users)}
+    capsys.readouterr()
+    drive(strategy, clients)
+    lines = _lines(capsys)
+    assert [line.split()[1] for line in lines] == ["round=1", "round=2", "round=3", "round=4", "round=5", "FINAL"]
+    assert [("rmse=" in line) for line in lines[:-1]] == [False, False, True, False, True]
+    assert all("phase=train" in line for line in lines[1:-1])
+    doc = json.loads((Path(cfg.output_dir) / "results.json").read_text())
+    assert len(doc["rounds"]) == 5 and "rmse" in doc["rounds"][2] and "rmse" not in doc["rounds"][1]
+
+
+def test_an_fppdm_round_that_evaluates_prints_one_line(tmp_path, capsys):
+    """FPPDM's round core holds an evaluating round's training record until its HR/NDCG arrive."""
+    from fedrec_flwr.config import load_config
+    from fedrec_flwr.fppdm.rounds import FPPDMRounds
+    from fedrec_flwr.messages import NodeReply
+
+    cfg = load_config("fppdm", None, ["federation.rounds=3", "federation.eval_every=2", "federation.min_clients=1",
+                                      f"output_dir={tmp_path}"])
+    recorder = RunRecorder(tmp_path, "fppdm", "s", {})
+    rounds = FPPDMRounds.from_config(cfg, 10, recorder)
+    evaluation = [NodeReply(0, metrics={"n": 3, "domain": "a", "hr@10": 0.5, "ndcg@10": 0.25})]
+    capsys.readouterr()
+    for rnd in (1, 2, 3):
+        rounds.train(rnd, [], [], 0.0)
+        if rounds.is_eval_round(rnd):
+            rounds.evaluate(rnd, evaluation)
+    rounds.finish()
+    lines = _lines(capsys, "[fppdm]")
+    assert [line.split()[1] for line in lines] == ["round=1", "round=2", "round=3", "FINAL"]
+    assert ["hr@10=0.5000" in line and "phase=train" in line for line in lines[:3]] == [False, True, True]
+    assert len(json.loads((tmp_path / "results.json").read_text())["rounds"]) == 3

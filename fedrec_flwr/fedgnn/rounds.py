@@ -114,9 +114,10 @@ class FedGNNRounds:
         """How many messages were rejected in a logical round."""
         return sum(1 for r, _ in self.rejections if r == logical_round)
 
-    def record(self, record: dict) -> None:
-        """Print one round's record and add it to the run's results."""
-        report_round(self.recorder, "fedgnn", record)
+    def record(self, record: dict, complete: bool = True) -> None:
+        """Add one round's record to the run's results and its console line (printed once the round is
+        complete: a training round that evaluates prints one line, with its evaluation)."""
+        report_round(self.recorder, "fedgnn", record, complete)
 
     # -- popularity reports and registration ------------------------------------------
     def popularity(self, logical_round: int, replies: list[NodeReply], started: float) -> dict:
@@ -224,7 +225,7 @@ class FedGNNRounds:
         if self.privacy.ldp:
             record["epsilon_per_coordinate"] = epsilon_per_coordinate(self.privacy.clip_delta, self.privacy.noise_lambda)
         record["round_seconds"] = time.time() - started
-        self.record(record)
+        self.record(record, complete=not self.is_eval_round(logical_round == len(self.schedule)))
         return record
 
     # -- evaluation ------------------------------------------------------------------

@@ -144,9 +144,10 @@ class FPPDMRounds:
         log.warning("round %d: rejected update: %s", server_round, reason)
         self.rejections.append((server_round, reason))
 
-    def record(self, record: dict) -> None:
-        """Print one round's record and add it to the run's results."""
-        report_round(self.recorder, "fppdm", record)
+    def record(self, record: dict, complete: bool = True) -> None:
+        """Add one round's record to the run's results and its console line (printed once the round is
+        complete: a round that evaluates prints one line, with its evaluation)."""
+        report_round(self.recorder, "fppdm", record, complete)
 
     # -- downloads -------------------------------------------------------------------
     def download(self, node_id: int) -> list[np.ndarray]:
@@ -209,7 +210,7 @@ class FPPDMRounds:
                   "overlapping_users": int((counts > 1).sum()), "bytes_up": up / max(len(replies), 1),
                   "bytes_down": float(np.mean([array_bytes(self.download(r.node_id)) for r in replies])) if replies else 0.0,
                   "round_seconds": time.time() - started}
-        self.record(record)
+        self.record(record, complete=not self.is_eval_round(server_round))
         return record
 
     def aggregate_encrypted(self, server_round: int, uploads: list[EncryptedUpload]) -> bool:
