@@ -21,7 +21,7 @@ from fedrec_flwr.fedgnn.protocol import published_popularity, split_download, us
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
-from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.models import build_model
 
@@ -51,10 +51,11 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
     rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(meta.num_users, block_size=1), meta.scale.high - meta.scale.low)
     store = MemoryStore()
+    device_cfg = DeviceConfig.from_config(cfg)
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device-side model, shared by users in turn
 
     def user(u: int) -> FedGNNUser:
-        return FedGNNUser(cfg, meta, parts.user(u), store, device, model)
+        return FedGNNUser(device_cfg, meta, parts.user(u), store, device, model)
 
     users = [u for u in range(meta.num_users) if parts.user(u).train_items.size]
     register_users(rounds, users, user)

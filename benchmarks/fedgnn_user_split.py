@@ -25,6 +25,7 @@ from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import (
+    DeviceConfig,
     FedGNNUser,
     MemoryStore,
     build_upload,
@@ -43,16 +44,16 @@ def split_times(users: int, device: torch.device, cache_dir: str) -> dict:
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, num_item_features=meta.num_item_features)
     store = MemoryStore()
     for u in range(users):
-        server.register(u, FedGNNUser(cfg, meta, parts.user(u), store).register())
+        server.register(u, FedGNNUser(DeviceConfig.from_config(cfg), meta, parts.user(u), store).register())
     weights, grad_ms, upload_ms = server.model_weights(), [], []
     for u in range(users):
-        user = FedGNNUser(cfg, meta, parts.user(u), store, device)
+        user = FedGNNUser(DeviceConfig.from_config(cfg), meta, parts.user(u), store, device)
         set_weights(user.model, weights)
         rng, rows = user_rng(cfg.seed, u, 1, 2), user.item_rows(server.rows_for(u))
         t0 = time.perf_counter()
-        grads, real_rows, *_ = local_gradients(cfg, user.model, user.state, user.data, rows, rng, device)
+        grads, real_rows, *_ = local_gradients(user.cfg, user.model, user.state, user.data, rows, rng, device)
         t1 = time.perf_counter()
-        build_upload(cfg, user.state, user.data, grads, real_rows, rng)
+        build_upload(user.cfg, user.state, user.data, grads, real_rows, rng)
         upload_ms.append((time.perf_counter() - t1) * 1e3)
         grad_ms.append((t1 - t0) * 1e3)
     g, up = float(np.median(grad_ms[1:])), float(np.median(upload_ms[1:]))  # the first user warms up

@@ -107,7 +107,7 @@ def main() -> None:
     runs = json.loads(out_path.read_text())["runs"] if out_path.is_file() else []
     done = {(r["dataset"], r["noise_lambda"], tuple(r["extra"])) for r in runs}
     jobs = [(d, lam, ()) for d in args.datasets for lam in args.lambdas]
-    jobs += [(d, 0.2, (f"local.upload={mode}",)) for d in args.datasets for mode in args.uploads]
+    jobs += [(d, 0.2, (f"local.upload={mode}", "local.steps=3")) for d in args.datasets for mode in args.uploads]
     for dataset, lam, extra in jobs:
         if (dataset, lam, extra) in done:
             continue

@@ -29,7 +29,7 @@ from fedrec_flwr.fedgnn.protocol import (
     split_download,
     users_array,
 )
-from fedrec_flwr.fedgnn.user import FedGNNUser, UserStore
+from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, UserStore
 from fedrec_flwr.models import build_model
 
 
@@ -40,13 +40,14 @@ class FedGNNClient(NumPyClient):
                  store: UserStore, device: torch.device | None = None):
         self.cfg, self.meta, self.user_ids, self.load_user, self.store = cfg, meta, list(user_ids), load_user, store
         self._hosted = set(self.user_ids)
+        self.device_cfg = DeviceConfig.from_config(cfg)  # the sections each hosted user reads
         self.device = device or torch.device("cpu")
         self.model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one copy, shared by the hosted users in turn
 
     def _user(self, u: int) -> FedGNNUser:
         if u not in self._hosted:
             raise ValueError(f"user {u} is not hosted on this node (hosts {self.user_ids[:5]}...)")
-        return FedGNNUser(self.cfg, self.meta, self.load_user(u), self.store, self.device, self.model)
+        return FedGNNUser(self.device_cfg, self.meta, self.load_user(u), self.store, self.device, self.model)
 
     @property
     def num_weights(self) -> int:

@@ -108,7 +108,7 @@ class LocalTrainingConfig:
     # local copy of the model and item rows by SGD at `lr` on gradients clipped to privacy.clip_delta, and
     # the upload is the whole local change over lr, clipped and noised as one upload (the same cost)
     upload: str = "gradient"
-    lr: float = 0.1  # local SGD rate of the model and item rows ("delta" uploads)
+    lr: float = 0.001  # local SGD rate of the model and item rows ("delta" uploads)
     batch_size: int = 64
     loss: str = "mean"  # uploaded gradients of the "mean" or "sum" of squared errors over the mini-batch
     user_lr: float = 0.01  # SGD rate of the private user embedding

@@ -10,7 +10,7 @@ from benchmarks.direct import run_direct
 from fedrec_flwr.data import DataError, UserPartitions, prepare_partitions
 from fedrec_flwr.data.registry import load_dataset
 from fedrec_flwr.fedgnn.server import FedGNNServer
-from fedrec_flwr.fedgnn.user import FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore
 from fedrec_flwr.models import RatingGNN, build_star_batch
 from fedrec_flwr.node_data import NodeDataError, export_nodes, load_user_file
 
@@ -107,7 +107,7 @@ def test_features_flow_through_partitions_and_are_learned_under_ldp(tiny_cfg):
     # the feature map's gradient is part of the model upload: clipped like every other coordinate
     cfg_tight = tiny_cfg("data.item_features=true", "privacy.noise_lambda=1e-9")
     server = FedGNNServer.from_config(cfg_tight, parts.meta.num_items, parts.meta.scale.midpoint, num_item_features=8)
-    user = FedGNNUser(cfg_tight, parts.meta, parts.user(5), MemoryStore())
+    user = FedGNNUser(DeviceConfig.from_config(cfg_tight), parts.meta, parts.user(5), MemoryStore())
     server.register(5, user.register())
     upload = user.train(server.model_weights(), server.rows_for(5), 2)
     assert len(upload) == len(server.model_weights()) + 2

@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 import torch
 
-from fedrec_flwr.config import AppConfig
+from fedrec_flwr.config import AppConfig, LocalTrainingConfig, ModelConfig, PrivacyConfig
 from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.fedgnn.protocol import ExpansionLink, RoundConfig
@@ -34,6 +34,23 @@ from fedrec_flwr.privacy.popularity import (
     popularity_strata,
     sample_matched_pseudo,
 )
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """What a FedGNN device reads of a run's config: the model, local training and privacy sections, the
+    run seed, and the CA file that the neighbour service's certificate must chain to."""
+
+    model: ModelConfig
+    local: LocalTrainingConfig
+    privacy: PrivacyConfig
+    seed: int
+    ca_file: str = ""
+
+    @classmethod
+    def from_config(cls, cfg: AppConfig) -> "DeviceConfig":
+        """The device's sections of a whole AppConfig."""
+        return cls(cfg.model, cfg.local, cfg.privacy, cfg.seed, cfg.expansion.ca_file)
 
 
 @dataclass
@@ -95,12 +112,12 @@ def own_items(data: UserData) -> np.ndarray:
     return np.union1d(data.train_items, data.test_items)
 
 
-def popularity_report(cfg: AppConfig, meta: PartitionMeta, data: UserData) -> np.ndarray:
+def popularity_report(cfg: DeviceConfig, meta: PartitionMeta, data: UserData) -> np.ndarray:
     """The user's LDP report of its items (popularity-matched sampler), drawn from its own stream (seed, user, 2)."""
     return oue_report(user_rng(cfg.seed, data.user, 2), own_items(data), meta.num_items, cfg.privacy.popularity_epsilon)
 
 
-def init_user_state(cfg: AppConfig, meta: PartitionMeta, data: UserData, popularity: np.ndarray | None = None) -> UserState:
+def init_user_state(cfg: DeviceConfig, meta: PartitionMeta, data: UserData, popularity: np.ndarray | None = None) -> UserState:
     """Draw the user's embedding and its fixed pseudo items (once, on the device).
 
     `popularity`: the item counts the server published, required by the popularity-matched sampler.
@@ -141,7 +158,7 @@ class LocalStep(NamedTuple):
 
 
 def local_gradients(
-    cfg: AppConfig,
+    cfg: DeviceConfig,
     model: RatingGNN,
     state: UserState,
     data: UserData,
@@ -230,7 +247,7 @@ def _features_of(data: UserData, items: np.ndarray, device: torch.device) -> tor
 
 
 def build_upload(
-    cfg: AppConfig, state: UserState, data: UserData, model_grads: list[np.ndarray], real_rows: np.ndarray, rng: np.random.Generator
+    cfg: DeviceConfig, state: UserState, data: UserData, model_grads: list[np.ndarray], real_rows: np.ndarray, rng: np.random.Generator
 ) -> list[np.ndarray]:
     """[*model grads, ids, rows]: real rows and pseudo rows merged by id, then LDP on everything."""
     rows = np.empty((state.anonymity_ids.size, real_rows.shape[1]), np.float32)
@@ -267,7 +284,7 @@ def evaluate_user(
 class FedGNNUser:
     """One user's device logic. `store` persists its UserState between rounds (the device's own state)."""
 
-    def __init__(self, cfg: AppConfig, meta: PartitionMeta, data: UserData, store, device: torch.device | None = None,
+    def __init__(self, cfg: DeviceConfig, meta: PartitionMeta, data: UserData, store, device: torch.device | None = None,
                  model: RatingGNN | None = None):
         self.cfg, self.meta, self.data, self.store = cfg, meta, data, store
         self.device = device or torch.device("cpu")
@@ -321,7 +338,7 @@ class FedGNNUser:
         if self.data.train_items.size == 0:
             return 0
         client = NeighbourClient(link.address, retries=retries, token=link.secret or None,
-                                 ca_file=self.cfg.expansion.ca_file or None)
+                                 ca_file=self.cfg.ca_file or None)
         if submit:
             client.submit(link.run_id, self.state.handle, self.state.embedding, item_tokens(link.key, self.data.train_items))
         if fetch:

@@ -30,6 +30,7 @@ from scipy import stats
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.user import (
+    DeviceConfig,
     UserState,
     build_upload,
     init_user_state,
@@ -82,18 +83,19 @@ def user_steps(cfg: AppConfig, users: int) -> Iterator[UserStep]:
     meta = parts.meta
     torch.manual_seed(cfg.seed)  # model initialisation and dropout: the same numbers on every run
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
+    device_cfg = DeviceConfig.from_config(cfg)
     popularity = None
     if cfg.privacy.pseudo_sampler == "popularity":  # the counts every user's report adds up to, as round 0 publishes them
-        reports = [popularity_report(cfg, meta, parts.user(u)) for u in range(meta.num_users)]
+        reports = [popularity_report(device_cfg, meta, parts.user(u)) for u in range(meta.num_users)]
         popularity = estimate_counts(np.sum(reports, axis=0), len(reports), cfg.privacy.popularity_epsilon)
     for u in range(min(users, meta.num_users)):
         data = parts.user(u)
         if data.train_items.size < 3:
             continue
-        state = init_user_state(cfg, meta, data, popularity)
+        state = init_user_state(device_cfg, meta, data, popularity)
         rng = np.random.default_rng(u)
         sent = (rng.standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
-        grads, real_rows, *_ = local_gradients(cfg, model, state, data, sent, rng)
+        grads, real_rows, *_ = local_gradients(device_cfg, model, state, data, sent, rng)
         yield UserStep(model, data, state, sent, grads, real_rows, rng, np.isin(state.anonymity_ids, data.train_items))
 
 
@@ -115,7 +117,7 @@ def within_upload_auc(cfg: AppConfig, users: int, mode: str) -> np.ndarray:
             up = np.zeros((step.state.anonymity_ids.size, cfg.model.dim), np.float32)
             up[step.is_real] = step.real_rows
         else:
-            up = build_upload(cfg, step.state, step.data, step.grads, step.real_rows, step.rng)[-1]
+            up = build_upload(DeviceConfig.from_config(cfg), step.state, step.data, step.grads, step.real_rows, step.rng)[-1]
         feats = row_features(up)
         aucs.append([separation_auc(feats[:, j], step.is_real) for j in range(feats.shape[1])])
     mean = np.mean(aucs, axis=0)
@@ -136,7 +138,7 @@ def model_gradient_auc(cfg: AppConfig, users: int) -> dict[str, float]:
     per_weight: dict[int, list[float]] = {}
     feature_map: list[float] = []
     for step in user_steps(cfg, users):
-        upload = build_upload(cfg, step.state, step.data, step.grads, step.real_rows, step.rng)
+        upload = build_upload(DeviceConfig.from_config(cfg), step.state, step.data, step.grads, step.real_rows, step.rng)
         for i, p in enumerate(step.model.parameters()):
             if p.dim() < 2 or p.shape[-1] != cfg.model.dim or p.shape[-2] != cfg.model.dim:
                 continue
