@@ -24,15 +24,11 @@ from pathlib import Path
 import torch
 
 from benchmarks.direct import run_direct
+from benchmarks.fedgnn_overhead import median_round_seconds
 from benchmarks.run import main as run_main
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.results import load_results
-
-
-def _median_round_seconds(doc: dict) -> float:
-    times = [r["round_seconds"] for r in doc["rounds"] if r.get("phase") == "train" and "round_seconds" in r]
-    return statistics.median(times[1:] if len(times) > 2 else times)
 
 
 def main() -> None:
@@ -62,8 +58,8 @@ def main() -> None:
             run_main(["--preset", "trivial", *common, "--out", f"{tmp}/trivial", "--set", f"federation.rounds={args.rounds}",
                       f"simulation.users_per_node={per_node}", f"federation.clients_per_round={min(128, nodes)}"])
             fed, triv = load_results(f"{tmp}/fedgnn"), load_results(f"{tmp}/trivial")
-        row = {"users_per_node": per_node, "supernodes": nodes, "fedgnn_round_s": _median_round_seconds(fed),
-               "trivial_round_s": _median_round_seconds(triv), "floor_round_s": floor_s, "final_rmse": fed["final"]["rmse"]}
+        row = {"users_per_node": per_node, "supernodes": nodes, "fedgnn_round_s": median_round_seconds(fed),
+               "trivial_round_s": median_round_seconds(triv), "floor_round_s": floor_s, "final_rmse": fed["final"]["rmse"]}
         row["fedgnn_over_floor"] = row["fedgnn_round_s"] / floor_s
         rows.append(row)
         print(f"[compute_floor] {json.dumps(row)}", flush=True)

@@ -22,7 +22,8 @@ from fedrec_flwr.config import load_config
 from fedrec_flwr.results import load_results
 
 
-def _median_round_seconds(doc: dict) -> float:
+def median_round_seconds(doc: dict) -> float:
+    """Median seconds of a run's training rounds, without round 1 (it starts the actors) when there are more."""
     times = [r["round_seconds"] for r in doc["rounds"] if r.get("phase") == "train" and "round_seconds" in r]
     return statistics.median(times[1:] if len(times) > 2 else times)  # first round spins up actors
 
@@ -46,7 +47,7 @@ def main() -> None:
                       f"federation.eval_every={args.rounds}", *args.set])
             triv, fed = load_results(f"{tmp}/trivial"), load_results(f"{tmp}/fedgnn")
         train = [r for r in fed["rounds"] if r.get("phase") == "train"]
-        t_triv, t_fed = _median_round_seconds(triv), _median_round_seconds(fed)
+        t_triv, t_fed = median_round_seconds(triv), median_round_seconds(fed)
         rows.append({"repeat": rep, "trivial_round_s": t_triv, "fedgnn_round_s": t_fed, "ratio": t_fed / t_triv,
                      "bytes_up": statistics.mean(r["bytes_up"] for r in train),
                      "bytes_down": statistics.mean(r["bytes_down"] for r in train),
