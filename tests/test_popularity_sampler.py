@@ -141,3 +141,27 @@ def test_the_report_costs_epsilon_per_rating_and_composes_into_the_user_total():
     assert with_report["per_user_run"]["max"]["basic"] == pytest.approx(plain["per_user_run"]["max"]["basic"] + 200.0)
     assert plain["per_user_run"]["max"]["tight"] < with_report["per_user_run"]["max"]["tight"] <= \
         plain["per_user_run"]["max"]["tight"] + 200.0
+
+
+def test_exhausted_strata_are_topped_up_to_the_servers_minimum():
+    strata = popularity_strata(np.arange(20, 0, -1).astype(np.float32), 2)  # two strata of 10 items
+    own = np.arange(10)  # the user has every item of stratum 0
+    pseudo = sample_matched_pseudo(np.random.default_rng(0), own[:9], strata, ratio=3)  # 1 unrated item left there
+    assert pseudo.size >= 3 and np.intersect1d(pseudo, own[:9]).size == 0
+
+
+def test_only_the_node_that_reported_for_a_user_may_register_it(tiny_cfg):
+    from fedrec_flwr.fedgnn.protocol import users_array
+    from fedrec_flwr.fedgnn.registry import UserRegistry
+    from fedrec_flwr.fedgnn.rounds import FedGNNRounds
+    from fedrec_flwr.fedgnn.server import FedGNNServer
+    from fedrec_flwr.messages import NodeReply
+
+    cfg = tiny_cfg("privacy.pseudo_sampler=popularity")
+    server = FedGNNServer.from_config(cfg, 80, 3.0)
+    rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(60), 4.0)
+    rounds.popularity(0, [NodeReply(1, [users_array([5]), np.zeros(80, np.uint8)])], 0.0)
+    rounds.register(1, [NodeReply(2, [users_array([5]), np.arange(10, dtype=np.int32)])], 0.0)
+    assert 5 not in server.registry and "popularity report from another node" in rounds.rejections[-1][1]
+    rounds.register(1, [NodeReply(1, [users_array([5]), np.arange(10, dtype=np.int32)])], 0.0)
+    assert 5 in server.registry

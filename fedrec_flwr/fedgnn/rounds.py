@@ -79,6 +79,7 @@ class FedGNNRounds:
         self.rating_span = rating_span  # high - low of the rating scale: bounds a reported squared error
         self.schedule = round_schedule(federation, expansion, registry.num_users)
         self.train_rounds_done = 0
+        self.reported_by: dict[int, int] = {}  # user -> the node its popularity report came from (round 0)
         self.rejections: list[tuple[int, str]] = []
         self.eval_rejections = 0
         self.uploads = np.zeros(registry.num_users, np.int64)  # per user: uploads received (budget spent)
@@ -121,8 +122,12 @@ class FedGNNRounds:
 
     # -- popularity reports and registration ------------------------------------------
     def popularity(self, logical_round: int, replies: list[NodeReply], started: float) -> dict:
-        """Check and sum the users' LDP item reports (one per user, from a node entitled to it); publish the estimate."""
-        reports: dict[int, np.ndarray] = {}
+        """Check and sum the users' LDP item reports (one per user, from a node entitled to it); publish the estimate.
+
+        The node that reports for a user is the only one that may register it (`register`), so a node
+        cannot report for users it will not host.
+        """
+        total = np.zeros(self.server.num_items, np.int64)  # a running sum: reports are not kept
         for reply in replies:
             try:
                 parts = split_upload(reply.arrays, 1)
@@ -132,12 +137,13 @@ class FedGNNRounds:
                 self.reject(logical_round, f"node {reply.node_id}: popularity report refused: {exc}")
                 continue
             for user, bits in checked:
-                if user in reports:
+                if user in self.reported_by:
                     self.reject(logical_round, f"node {reply.node_id}: a second popularity report for user {user}")
                     continue
-                reports[user] = bits
-        self.server.publish_popularity([reports[u] for u in sorted(reports)])
-        record = {"round": logical_round, "phase": PHASE_POPULARITY, "clients": len(replies), "accepted": len(reports),
+                self.reported_by[user] = reply.node_id
+                total += bits
+        self.server.publish_popularity(total, len(self.reported_by))
+        record = {"round": logical_round, "phase": PHASE_POPULARITY, "clients": len(replies), "accepted": len(self.reported_by),
                   "rejected": self.rejected_in(logical_round), "bytes_down": 0.0,
                   "bytes_up": float(self.server.num_items), "round_seconds": time.time() - started}
         self.record(record)
@@ -150,6 +156,9 @@ class FedGNNRounds:
             try:
                 claimed = validate_registration(reply.arrays, self.server.num_items, min_rows)
                 self.registry.check_claim(reply.node_id, [u for u, _ in claimed])
+                for u, _ in claimed:
+                    if self.reported_by.get(u, reply.node_id) != reply.node_id:
+                        raise UploadRejected(f"user {u} sent its popularity report from another node")
             except UploadRejected as exc:
                 self.reject(logical_round, f"node {reply.node_id}: registration refused: {exc}")
                 continue

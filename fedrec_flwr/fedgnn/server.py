@@ -244,10 +244,9 @@ class FedGNNServer:
             raise RuntimeError("the popularity-matched sampler needs the users' popularity reports before registration")
         return [self.popularity.copy()]
 
-    def publish_popularity(self, reports: list[np.ndarray]) -> None:
-        """Estimate item counts from the users' checked LDP reports (`fedrec_flwr.privacy.popularity`)."""
-        total = np.sum(reports, axis=0) if reports else np.zeros(self.num_items, np.int64)
-        self.popularity = estimate_counts(total, len(reports), self.privacy.popularity_epsilon)
+    def publish_popularity(self, bit_sums: np.ndarray, reports: int) -> None:
+        """Estimate item counts from the sum of `reports` checked LDP reports (`fedrec_flwr.privacy.popularity`)."""
+        self.popularity = estimate_counts(bit_sums, reports, self.privacy.popularity_epsilon)
 
     # -- what comes in ---------------------------------------------------------------
     def register(self, user: int, ids: np.ndarray) -> None:

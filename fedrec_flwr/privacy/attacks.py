@@ -88,11 +88,13 @@ def user_steps(cfg: AppConfig, users: int) -> Iterator[UserStep]:
     if cfg.privacy.pseudo_sampler == "popularity":  # the counts every user's report adds up to, as round 0 publishes them
         reports = [popularity_report(device_cfg, meta, parts.user(u)) for u in range(meta.num_users)]
         popularity = estimate_counts(np.sum(reports, axis=0), len(reports), cfg.privacy.popularity_epsilon)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
     for u in range(min(users, meta.num_users)):
         data = parts.user(u)
         if data.train_items.size < 3:
             continue
         state = init_user_state(device_cfg, meta, data, popularity)
+        model.load_state_dict(initial)  # every user steps from the same model (delta uploads move it locally)
         rng = np.random.default_rng(u)
         sent = (rng.standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
         grads, real_rows, *_ = local_gradients(device_cfg, model, state, data, sent, rng)

@@ -90,7 +90,8 @@ def sample_matched_pseudo(rng: np.random.Generator, own_items: np.ndarray, strat
     items either; None draws uniformly inside each stratum.
 
     A user without items draws `ratio + 1` items from the strata in proportion to their size, so
-    its set looks like that of a user with one rating.
+    its set looks like that of a user with one rating; a user whose strata are exhausted is topped up
+    to `ratio` pseudo items from any unrated items (the server requires 1 + ratio ids per set).
     """
     num_items = strata.size
     own = np.asarray(own_items, np.int64)
@@ -106,4 +107,9 @@ def sample_matched_pseudo(rng: np.random.Generator, own_items: np.ndarray, strat
             continue
         p = None if weights is None else weights[pool] / weights[pool].sum()
         picks.append(rng.choice(pool, size=min(pool.size, ratio * int(per_stratum[s])), replace=False, p=p))
-    return np.sort(np.concatenate(picks)).astype(np.int64) if picks else np.zeros(0, np.int64)
+    pseudo = np.concatenate(picks).astype(np.int64) if picks else np.zeros(0, np.int64)
+    if pseudo.size < ratio:  # exhausted strata: top up from any unrated items, so every set has >= 1 + ratio ids
+        is_own[pseudo] = True
+        rest = np.flatnonzero(~is_own)
+        pseudo = np.concatenate([pseudo, rng.choice(rest, size=min(ratio - pseudo.size, rest.size), replace=False)])
+    return np.sort(pseudo)
