@@ -28,6 +28,7 @@ from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore, own_items
+from fedrec_flwr.models import build_model
 from fedrec_flwr.privacy.attacks import popularity_attack
 
 SAMPLERS = ("uniform", "popularity")
@@ -41,7 +42,9 @@ def measure(cfg) -> dict:
     rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(meta.num_users, block_size=1), meta.scale.high - meta.scale.low)
     store = MemoryStore()
     users = [u for u in range(meta.num_users) if parts.user(u).train_items.size]
-    register_users(rounds, users, lambda u: FedGNNUser(DeviceConfig.from_config(cfg), meta, parts.user(u), store))
+    device_cfg = DeviceConfig.from_config(cfg)
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device model, shared in turn
+    register_users(rounds, users, lambda u: FedGNNUser(device_cfg, meta, parts.user(u), store, model=model))
     own = {u: own_items(parts.user(u)) for u in users}
     train_popularity = np.zeros(meta.num_items)
     for u in users:

@@ -575,7 +575,9 @@ def _merge(base, layer, source: str):
 
 
 def _merge_preset(cfg, preset: str, chain: tuple[str, ...]):
-    """Merge conf/<preset>.yaml into cfg, after the preset named by its `base:` key (if any)."""
+    """Merge conf/<preset>.yaml into cfg, after the preset named by its `base:` key (if any).
+
+    Returns the merged cfg and the presets merged, root base first (their dataset files apply in that order)."""
     if preset in chain:
         raise ConfigError(f"conf/{preset}.yaml: presets inherit in a cycle: {' -> '.join([*chain, preset])}")
     if preset in RENAMED_PRESETS and not _preset_path(preset).is_file():
@@ -584,23 +586,13 @@ def _merge_preset(cfg, preset: str, chain: tuple[str, ...]):
                           f"names the algorithm, which a preset sets with its 'algorithm' key)")
     layer = _load_yaml(_preset_path(preset), "preset", available_presets())
     base = layer.pop("base", None) if isinstance(layer, DictConfig) else None
+    lineage: list[str] = []
     if base is not None:
         try:
-            cfg = _merge_preset(cfg, str(base), (*chain, preset))
+            cfg, lineage = _merge_preset(cfg, str(base), (*chain, preset))
         except ConfigError as exc:
             raise ConfigError(f"conf/{preset}.yaml, key 'base': {exc}") from exc
-    return _merge(cfg, layer, f"conf/{preset}.yaml")
-
-
-def _preset_chain(preset: str) -> list[str]:
-    """The preset and the presets it inherits from, root base first (cycles were refused when merging)."""
-    chain = [preset]
-    while True:
-        layer = OmegaConf.load(_preset_path(chain[-1]))
-        base = layer.get("base") if isinstance(layer, DictConfig) else None
-        if base is None or str(base) in chain:
-            return chain[::-1]
-        chain.append(str(base))
+    return _merge(cfg, layer, f"conf/{preset}.yaml"), [*lineage, preset]
 
 
 def _merge_dataset_file(cfg, path: Path):
@@ -677,13 +669,13 @@ def load_config(
     from, root first < conf/<preset>/<dataset>.yaml < overrides <
     `extra`, already-typed values (e.g. from Flower's run config).
     """
-    cfg = _merge_preset(OmegaConf.structured(AppConfig), preset, ())
+    cfg, lineage = _merge_preset(OmegaConf.structured(AppConfig), preset, ())
     cfg.preset = preset
     dataset = dataset or cfg.data.name  # no dataset given: the preset's own default
     if dataset:
         if dataset_conf_path(dataset).is_file():
             cfg = _merge_dataset_file(cfg, dataset_conf_path(dataset))
-        for name in _preset_chain(preset):  # a preset inherits its bases' dataset settings, its own win
+        for name in lineage:  # a preset inherits its bases' dataset settings, its own win
             path = preset_dataset_conf_path(name, dataset)
             if path.is_file():
                 cfg = _merge(cfg, _load_yaml(path, "settings file", []), str(path.relative_to(CONF_DIR.parent)))
