@@ -17,6 +17,7 @@ import torch
 from benchmarks.run import input_errors_exit
 from fedrec_flwr.config import load_config, parse_overrides
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.batched import train_users
 from fedrec_flwr.fedgnn.protocol import published_popularity, split_download, users_array
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
@@ -64,13 +65,16 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
     for rnd in range(2, cfg.federation.rounds + 2):
         t0 = time.time()
         weights = server.model_weights()
+        plan = rounds.plan_train(rnd, connected)  # node -> hosted users; the round's users train as one batch
+        hosted = [u for us in plan.values() for u in us]
+        _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
+        uploads = dict(zip(hosted, train_users([user(u) for u in hosted], weights, rows, rnd, None,
+                                               cfg.simulation.user_batch)))
         replies = []
-        for node, hosted in rounds.plan_train(rnd, connected).items():
-            _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
-            upload = [users_array(hosted)]
-            for u, r in zip(hosted, rows):
-                part = user(u).train(weights, r, rnd)
-                upload += part if tamper is None else tamper(u, rnd, part)
+        for node, us in plan.items():
+            upload = [users_array(us)]
+            for u in us:
+                upload += uploads[u] if tamper is None else tamper(u, rnd, uploads[u])
             replies.append(NodeReply(node, upload))
         out = rounds.train(rnd, replies, [], t0, 0.0)
         rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": out["accepted"], "rejected": out["rejected"]}

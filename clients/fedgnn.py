@@ -18,6 +18,7 @@ from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.fedgnn.accounting import epsilon_per_coordinate
+from fedrec_flwr.fedgnn.batched import train_users
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
@@ -73,8 +74,9 @@ class FedGNNClient(NumPyClient):
             return [], len(counts), {"phase": rc.phase, "neighbours": int(sum(counts)), "users": len(counts)}
         weights, users, rows = split_download(parameters, self.num_weights)
         upload = [users_array(users)]
-        for u, r in zip(users, rows):
-            upload += self._user(int(u)).train(weights, r, rc.round, rc)
+        for part in train_users([self._user(int(u)) for u in users], weights, rows, rc.round, rc,
+                                self.cfg.simulation.user_batch):
+            upload += part
         p = self.cfg.privacy
         eps = epsilon_per_coordinate(p.clip_delta, p.noise_lambda) if p.ldp else float("inf")
         return upload, len(users), {"phase": PHASE_TRAIN, "epsilon_per_coordinate": eps}

@@ -144,6 +144,9 @@ class SimulationConfig:
     """How a simulation maps users onto virtual SuperNodes and what each ClientApp may use."""
 
     users_per_node: int = 1  # users multiplexed per virtual SuperNode (deployment: always one node per user)
+    # FedGNN: how many of a node's sampled users compute their local steps as one batched computation
+    # (fedrec_flwr.fedgnn.batched; the same numbers as one at a time, up to float rounding); 1: one at a time
+    user_batch: int = 32
     num_cpus: float = 1.0  # Ray resources per ClientApp
     num_gpus: float = 0.0  # fractional GPU per ClientApp; > 0 moves models and batches to CUDA
     device: str = "auto"  # "auto": cuda when num_gpus > 0 and a GPU is visible, else cpu; or "cpu"/"cuda"
@@ -430,6 +433,7 @@ _RANGES: dict[str, Range] = {
     "deployment.node_wait_seconds": _NON_NEGATIVE,
     "federation.eval_fraction": Range(0, 1, open_low=True, text="0 < fraction <= 1 (some users must evaluate)"),
     "simulation.users_per_node": _AT_LEAST_ONE,
+    "simulation.user_batch": _AT_LEAST_ONE,
     "simulation.num_cpus": _NON_NEGATIVE,
     "simulation.num_gpus": _NON_NEGATIVE,  # may exceed 1: several GPUs per ClientApp
     "faults.crash": _PROBABILITY,

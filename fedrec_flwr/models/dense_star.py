@@ -1,0 +1,133 @@
+"""RatingGNN's star-graph layers in dense, batched form, with weights of each user's own.
+
+A node that hosts many users must still give each of them its own gradient of the shared model
+(every upload is clipped and noised alone). PyG's layers compute one gradient for a whole batch,
+so here the same three layers are written out for a batch of B star graphs laid side by side as
+padded tensors, with every weight carrying a leading user axis: the gradient of a user's loss
+with respect to its own copy is that user's gradient, exactly as if it had run alone.
+
+A star graph is small enough to write out by hand (see `star_graph`): the user node receives
+from its rated items and its neighbours, each item from its user, and GAT and GCN add self
+loops. The functions below give the same numbers as `StarGraphEncoder` on `build_star_batch`
+graphs up to float rounding (tests/test_batched_users.py checks all three kinds).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .rating_gnn import RatingGNN
+
+
+class DenseStars(NamedTuple):
+    """B padded star graphs: user rows [B, d], item rows [B, T, d], neighbour rows [B, N, d], and
+    float masks [B, T] and [B, N] that are 1 on real slots and 0 on padding."""
+
+    user: torch.Tensor
+    items: torch.Tensor
+    neighbours: torch.Tensor
+    item_mask: torch.Tensor
+    neighbour_mask: torch.Tensor
+
+
+def per_user_copies(model: RatingGNN, count: int) -> dict[str, torch.Tensor]:
+    """`count` independent copies of every model parameter, stacked on a new leading axis (leaf tensors)."""
+    return {name: p.detach().unsqueeze(0).repeat(count, *([1] * p.dim())).requires_grad_(True)
+            for name, p in model.named_parameters()}
+
+
+def _rowwise(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [B, ..., i] times each user's matrix weight [B, i, o] -> [B, ..., o]."""
+    shape = x.shape
+    return torch.bmm(x.reshape(shape[0], -1, shape[-1]), weight).reshape(*shape[:-1], weight.shape[-1])
+
+
+def _gat(p: dict[str, torch.Tensor], g: DenseStars, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """GATConv(concat=False, add_self_loops=True, negative_slope=0.2) on the user and item nodes."""
+    b, d = g.user.shape
+    w = p["encoder.conv.lin.weight"].transpose(1, 2)  # [B, d, H*d]
+    att_src, att_dst = p["encoder.conv.att_src"], p["encoder.conv.att_dst"]  # [B, 1, H, d]
+    z_user = _rowwise(g.user, w).view(b, heads, d)
+    z_items = _rowwise(g.items, w).view(b, -1, heads, d)
+    z_neigh = _rowwise(g.neighbours, w).view(b, -1, heads, d)
+    src_user = (z_user * att_src[:, 0]).sum(-1)  # [B, H]
+    dst_user = (z_user * att_dst[:, 0]).sum(-1)
+    src_items, dst_items = (z_items * att_src).sum(-1), (z_items * att_dst).sum(-1)  # [B, T, H]
+    src_neigh = (z_neigh * att_src).sum(-1)
+    # the user node: softmax over itself, its items and its neighbours (padding masked out)
+    logits = F.leaky_relu(torch.cat([src_user[:, None], src_items, src_neigh], 1) + dst_user[:, None], 0.2)
+    mask = torch.cat([g.item_mask.new_ones(b, 1), g.item_mask, g.neighbour_mask], 1)[..., None]
+    alpha = torch.softmax(logits.masked_fill(mask == 0, float("-inf")), 1)  # [B, 1 + T + N, H]
+    z_all = torch.cat([z_user[:, None], z_items, z_neigh], 1)
+    out_user = (alpha[..., None] * z_all).sum(1).mean(1)  # [B, d]
+    # an item node: softmax over itself and its user
+    pair = F.leaky_relu(torch.stack([src_items, src_user[:, None].expand_as(src_items)], -1) + dst_items[..., None], 0.2)
+    beta = torch.softmax(pair, -1)  # [B, T, H, 2]
+    out_items = (beta[..., 0:1] * z_items + beta[..., 1:2] * z_user[:, None]).mean(2)  # [B, T, d]
+    bias = p["encoder.conv.bias"]
+    return out_user + bias, out_items + bias[:, None]
+
+
+def _gcn(p: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torch.Tensor]:
+    """GCNConv(add_self_loops=True): symmetric in-degree normalisation, self loops of weight 1."""
+    w = p["encoder.conv.lin.weight"].transpose(1, 2)
+    z_user, z_items, z_neigh = _rowwise(g.user, w), _rowwise(g.items, w), _rowwise(g.neighbours, w)
+    deg_user = 1.0 + g.item_mask.sum(1) + g.neighbour_mask.sum(1)  # [B]; an item's in-degree is 2, a neighbour's 1
+    inv = deg_user.rsqrt()[:, None]
+    out_user = (z_user / deg_user[:, None] + inv * (g.item_mask[..., None] * z_items).sum(1) / 2**0.5
+                + inv * (g.neighbour_mask[..., None] * z_neigh).sum(1))
+    out_items = z_items / 2.0 + (inv / 2**0.5 * z_user)[:, None]
+    bias = p["encoder.conv.bias"]
+    return out_user + bias, out_items + bias[:, None]
+
+
+def _gru(p: dict[str, torch.Tensor], m: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """torch.nn.GRUCell(m, h) with each user's weights; m, h [B, ..., d]."""
+    gi = _rowwise(m, p["encoder.conv.rnn.weight_ih"].transpose(1, 2))
+    gh = _rowwise(h, p["encoder.conv.rnn.weight_hh"].transpose(1, 2))
+    shape = [gi.shape[0]] + [1] * (gi.dim() - 2) + [gi.shape[-1]]
+    gi = gi + p["encoder.conv.rnn.bias_ih"].view(shape)
+    gh = gh + p["encoder.conv.rnn.bias_hh"].view(shape)
+    i_r, i_z, i_n = gi.chunk(3, -1)
+    h_r, h_z, h_n = gh.chunk(3, -1)
+    r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
+    n = torch.tanh(i_n + r * h_n)
+    return (1.0 - z) * n + z * h
+
+
+def _ggnn(p: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torch.Tensor]:
+    """GatedGraphConv(num_layers=1): summed messages x_j W, then a GRU update (no self loops)."""
+    w = p["encoder.conv.weight"][:, 0]  # [B, d, d]
+    m_user = _rowwise((g.item_mask[..., None] * g.items).sum(1) + (g.neighbour_mask[..., None] * g.neighbours).sum(1), w)
+    m_items = _rowwise(g.user, w)[:, None].expand_as(g.items)
+    return _gru(p, m_user, g.user), _gru(p, m_items, g.items)
+
+
+def dense_encode(kind: str, heads: int, params: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torch.Tensor]:
+    """Node representations of the user nodes [B, d] and item nodes [B, T, d], as StarGraphEncoder gives them
+    (after its dropout, which the caller applies to `g`)."""
+    if kind == "gat":
+        out_user, out_items = _gat(params, g, heads)
+        return g.user + out_user, g.items + out_items
+    if kind == "gcn":
+        out_user, out_items = _gcn(params, g)
+        return g.user + out_user, g.items + out_items
+    if kind == "ggnn":
+        return _ggnn(params, g)
+    raise ValueError(f"model.gnn = {kind!r}; expected gat, gcn or ggnn")
+
+
+def dense_predict(model: RatingGNN, params: dict[str, torch.Tensor], raw: DenseStars, dropped: DenseStars) -> torch.Tensor:
+    """Predicted ratings [B, T] of every item slot, as RatingGNN.forward gives them: the encoder reads the
+    dropped-out inputs `dropped`, the optional bias vectors the raw inputs `raw`."""
+    h_user, h_items = dense_encode(model.encoder.kind, model.encoder.conv.heads if model.encoder.kind == "gat" else 1,
+                                   params, dropped)
+    pred = (h_items * h_user[:, None]).sum(-1) + params["bias"][:, None]
+    if "user_bias" in params:
+        b_user = (raw.user * params["user_bias"]).sum(-1)
+        b_items = (raw.items * params["item_bias"][:, None]).sum(-1)
+        pred = pred + b_user[:, None] + b_items
+    return pred

@@ -1,0 +1,60 @@
+"""Batched users on a node give the numbers of the one-user path: uploads, private states and whole runs."""
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.direct import run_direct
+from fedrec_flwr.config import load_config
+from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.batched import train_users
+from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore
+from fedrec_flwr.models import build_model
+
+DELTA = ["local.upload=delta", "local.steps=3", "local.batch_size=7", "local.loss=mean", "local.user_steps=3",
+         "model.user_offset=true", "data.item_features=true", "model.biases=false", "model.heads=2"]
+
+
+def _uploads(tmp_path, gnn: str, extra: list[str], batch: int):
+    cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", f"model.gnn={gnn}", "model.dim=8", *extra])
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    torch.manual_seed(0)
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
+    weights = [p.detach().numpy().copy() for p in model.parameters()]
+    store = MemoryStore()
+    users = [FedGNNUser(DeviceConfig.from_config(cfg), meta, parts.user(u), store, None, model) for u in range(24)]
+    for u in users:  # some users with neighbours (0-2 of them), as graph expansion leaves them
+        u.state.neighbours = np.random.default_rng(u.user).standard_normal((u.user % 3, 8)).astype(np.float32) * 0.1
+    rows = [np.random.default_rng(100 + u.user).standard_normal((u.state.anonymity_ids.size, 8)).astype(np.float32) * 0.1
+            for u in users]
+    uploads = train_users(users, weights, rows, 3, None, batch)
+    return uploads, [(st.embedding, st.offset) for st in (store.states[u.user] for u in users)]
+
+
+@pytest.mark.parametrize("gnn", ["gat", "gcn", "ggnn"])
+@pytest.mark.parametrize("extra", [[], DELTA], ids=["gradient", "delta-offset-features"])
+def test_batched_users_upload_what_each_user_uploads_alone(tmp_path, gnn, extra):
+    alone, states_alone = _uploads(tmp_path, gnn, extra, 1)
+    batched, states_batched = _uploads(tmp_path, gnn, extra, 16)
+    assert len(alone) == len(batched) == 24
+    for a, b in zip(alone, batched):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert x.shape == y.shape and x.dtype == y.dtype
+            np.testing.assert_allclose(x, y, atol=2e-6, rtol=1e-5)
+    for (ea, oa), (eb, ob) in zip(states_alone, states_batched):
+        np.testing.assert_allclose(ea, eb, atol=1e-6)
+        assert oa == pytest.approx(ob, abs=1e-6)
+
+
+def test_a_run_with_sixteen_users_per_batch_matches_one_at_a_time(tmp_path):
+    def run(batch: int):
+        cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "model.dim=8", "federation.rounds=4",
+                                               "federation.eval_every=4", "federation.clients_per_round=48",
+                                               f"simulation.user_batch={batch}"])
+        return run_direct(cfg, log_every=0)["rmse"]
+
+    one, sixteen = run(1), run(16)
+    assert np.isfinite(one)
+    assert sixteen == pytest.approx(one, abs=1e-5)
