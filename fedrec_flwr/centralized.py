@@ -1,7 +1,8 @@
 """Centralized reference: the FedGNN model trained with all ratings in one place, no privacy.
 
 It gives the accuracy ceiling and the speed reference for the federated runs: same model,
-same split, same metrics.
+same split, same metrics. Like the federated model it trains in reference units (ratings mapped
+onto [1, 5] by the public scale, `RatingScale.to_units`) and reports metrics on the dataset's scale.
 """
 
 from __future__ import annotations
@@ -35,14 +36,15 @@ class CentralizedTrainer:
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         d = cfg.model.dim
-        self.model = build_model(cfg.model, ds.scale.midpoint, 0 if ds.item_features is None else ds.item_features.shape[1])
+        self.units = ds.scale.in_units()  # what the model trains on, as FedGNN's devices do
+        self.model = build_model(cfg.model, self.units.midpoint, 0 if ds.item_features is None else ds.item_features.shape[1])
         self.features = None if ds.item_features is None else torch.from_numpy(ds.item_features)
         self.user_emb = torch.nn.Parameter(torch.randn(ds.num_users, d) * 0.1)
         self.item_emb = torch.nn.Parameter(torch.randn(ds.num_items, d) * 0.1)
         params = [*self.model.parameters(), self.user_emb, self.item_emb]
         self.opt = torch.optim.Adam(params, lr=cfg.centralized.lr, weight_decay=cfg.centralized.weight_decay)
-        self.train = _by_user(ds.num_users, ds.train.users, ds.train.items, ds.train.values)
-        self.test = _by_user(ds.num_users, ds.test.users, ds.test.items, ds.test.values)
+        self.train = _by_user(ds.num_users, ds.train.users, ds.train.items, ds.scale.to_units(ds.train.values))
+        self.test = _by_user(ds.num_users, ds.test.users, ds.test.items, ds.scale.to_units(ds.test.values))
 
     def _forward(self, users: np.ndarray, with_query: bool):
         tr = [self.train[u] for u in users]
@@ -80,7 +82,7 @@ class CentralizedTrainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Test RMSE and MAE over all users, predictions clipped to the rating scale."""
+        """Test RMSE and MAE over all users, predictions clipped to the rating scale, on the dataset's scale."""
         self.model.eval()
         preds, targets = [], []
         users = np.flatnonzero([len(i) > 0 for i, _ in self.test])
@@ -90,8 +92,8 @@ class CentralizedTrainer:
             preds.append(pred_q.numpy())
             targets.append(np.concatenate([v for _, v in te]))
         p, t = np.concatenate(preds), np.concatenate(targets)
-        s = self.ds.scale
-        return {"rmse": rmse(p, t, s.low, s.high), "mae": mae(p, t, s.low, s.high)}
+        s, factor = self.units, self.ds.scale.unit_factor  # errors in reference units, reported on the dataset's scale
+        return {"rmse": rmse(p, t, s.low, s.high) * factor, "mae": mae(p, t, s.low, s.high) * factor}
 
 
 def run_centralized(cfg: AppConfig) -> dict:

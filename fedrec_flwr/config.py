@@ -36,6 +36,9 @@ class SyntheticConfig:
     degree_exponent: float = 2.2
     noise_std: float = 0.25
     test_fraction: float = 0.1
+    # the rating scale the planted ratings are put on: "1-5", "0.5-5" (half steps) or "1-100"
+    # (the scales of the registry's datasets; fedrec_flwr.data.synthetic.SYNTHETIC_SCALES)
+    scale: str = "1-5"
 
 
 @dataclass
@@ -361,6 +364,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "server_opt.name": ("sgd", "adam"),
     "expansion.mode": ("none", "fixed", "trainable"),
     "simulation.device": ("auto", "cpu", "cuda"),
+    "data.synthetic.scale": ("1-5", "0.5-5", "1-100"),
 }
 
 

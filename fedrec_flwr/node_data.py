@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +26,7 @@ from fedrec_flwr.data import (
     load_multidomain,
     prepare_partitions,
 )
-from fedrec_flwr.data.partition import PartitionMeta
-from fedrec_flwr.data.types import RatingScale
+from fedrec_flwr.data.partition import PartitionMeta, in_units
 from fedrec_flwr.fsutil import atomic_write
 
 CATALOGUE = "catalogue.json"
@@ -70,14 +68,14 @@ def export_users(cfg: AppConfig, out: Path, users: list[int] | None = None) -> P
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     for u in users if users is not None else range(meta.num_users):
-        d = parts.user(u)
+        d = parts.stored_user(u)  # the user's own ratings, on the dataset's scale (mapped when loaded)
         public = {} if d.item_features is None else {"item_features": d.item_features}  # the catalogue's, not the user's
         atomic_write(out / f"user-{u}.npz", _npz({
             "user": np.int64(u), "train_items": d.train_items, "train_values": d.train_values,
             "test_items": d.test_items, "test_values": d.test_values,
-            "meta": np.array(json.dumps(asdict(meta))), **public,
+            "meta": np.array(json.dumps(meta.public_facts())), **public,
         }))
-    cat = {"algorithm": "fedgnn", **asdict(meta)}
+    cat = {"algorithm": "fedgnn", **meta.public_facts()}
     return atomic_write(out / CATALOGUE, json.dumps(cat, indent=1))
 
 
@@ -92,15 +90,14 @@ def _open(path: Path, kind: str):
 
 def _meta_from_json(text: str, source: str) -> PartitionMeta:
     try:
-        raw = json.loads(text)
-        raw["scale"] = RatingScale(**raw["scale"])
-        return PartitionMeta(**raw)
+        return PartitionMeta.from_public_facts(json.loads(text))  # the participants' view: scale in reference units
     except Exception as exc:
         raise NodeDataError(f"{source}: not a FedGNN catalogue ({exc})") from exc
 
 
 def load_user_file(path: Path | str) -> tuple[PartitionMeta, UserData]:
-    """(dataset facts, the user's own ratings) from a `user-<u>.npz` file."""
+    """(dataset facts, the user's own ratings) from a `user-<u>.npz` file, as a device reads them: the
+    ratings and the facts' `scale` in reference units (`data.partition.in_units`), as in simulation."""
     path = Path(path)
     with _open(path, "user") as z:
         missing = {"user", "train_items", "train_values", "test_items", "test_values", "meta"} - set(z.files)
@@ -114,6 +111,7 @@ def load_user_file(path: Path | str) -> tuple[PartitionMeta, UserData]:
             raise NodeDataError(f"node data-path {path}: item_features {got}, expected shape {want} (the catalogue's public item features)")
         data = UserData(int(z["user"]), z["train_items"].astype(np.int64), z["train_values"].astype(np.float32),
                         z["test_items"].astype(np.int64), z["test_values"].astype(np.float32), features)
+        data = in_units(data, meta.dataset_scale)
     if data.train_items.size and (data.train_items.max() >= meta.num_items or data.train_items.min() < 0):
         raise NodeDataError(f"node data-path {path}: item ids outside [0, {meta.num_items})")
     return meta, data

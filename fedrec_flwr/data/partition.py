@@ -4,6 +4,12 @@ A virtual client memory-maps the cache and copies only its own rows, so loading 
 time proportional to the user's own data, not to the dataset. The cache is written to a
 temporary folder and renamed into place, so an interrupted build leaves nothing behind
 that a later run would read.
+
+This is also where FedGNN's ratings enter reference units (`RatingScale.to_units`): the cache, the
+per-node files and the catalogue hold the dataset's own ratings and public scale, and what a
+participant is handed (`UserPartitions.user`, `UserPartitions.meta`, `node_data.load_user_file`) is
+mapped onto [1, 5]. Mapping on read, in one place, keeps every stored format unchanged and every
+consumer (device, server, attacks, benchmarks) on the same units without each knowing about the map.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -40,7 +46,12 @@ class UserData:
 
 @dataclass(frozen=True)
 class PartitionMeta:
-    """What the server and every client may know about the dataset: sizes and scale, no ratings."""
+    """What the server and every client may know about the dataset: sizes and scale, no ratings.
+
+    `scale` is the scale participants work in, FedGNN's reference units ([1, 5]; the dataset's own
+    scale on 1-5 datasets), and `public_scale` the dataset's own. Stored forms (meta.json, user files,
+    the catalogue) keep the dataset's own scale under "scale": `public_facts` / `from_public_facts`.
+    """
 
     dataset: str
     num_users: int
@@ -50,6 +61,49 @@ class PartitionMeta:
     num_test: int
     fingerprint: str
     num_item_features: int = 0  # F of the public item features the model takes (0: none)
+    public_scale: RatingScale | None = None  # the dataset's own rating scale (None: `scale` itself)
+
+    @property
+    def dataset_scale(self) -> RatingScale:
+        """The dataset's own (public) rating scale, on which its stored ratings and reported metrics lie."""
+        return self.public_scale if self.public_scale is not None else self.scale
+
+    def public_facts(self) -> dict:
+        """The stored form: these facts with the dataset's own scale under "scale" (no unit-mapped fields)."""
+        facts = asdict(self)
+        del facts["public_scale"]
+        facts["scale"] = asdict(self.dataset_scale)
+        return facts
+
+    @classmethod
+    def from_public_facts(cls, raw: dict) -> "PartitionMeta":
+        """A participant's view of stored facts: `scale` in reference units, `public_scale` the stored one."""
+        raw = dict(raw)
+        public = raw["scale"] if isinstance(raw["scale"], RatingScale) else RatingScale(**raw["scale"])
+        return cls(**{**raw, "scale": public.in_units(), "public_scale": public})
+
+
+def public_scale(data_cfg) -> RatingScale:
+    """The public rating scale of the dataset a DataConfig names, found without reading any rating: the
+    catalogue's (deployment), `data.synthetic.scale` (synthetic) or the registry's. The FedGNN server
+    reports metrics on it; every participant works in its reference units."""
+    from .registry import get_spec  # the registry imports the loaders; only this lookup needs it
+    from .synthetic import synthetic_scale
+
+    if data_cfg.catalogue:
+        from fedrec_flwr.node_data import load_catalogue
+
+        return load_catalogue(data_cfg.catalogue)["meta"].dataset_scale
+    if data_cfg.name == "synthetic":
+        return synthetic_scale(data_cfg.synthetic.scale)
+    return get_spec(data_cfg.name).scale or RatingScale(1.0, 5.0, 1.0)
+
+
+def in_units(data: UserData, scale: RatingScale) -> UserData:
+    """A user's ratings on the dataset's `scale` as a device reads them: in reference units (unchanged on 1-5)."""
+    if scale.is_reference:
+        return data
+    return replace(data, train_values=scale.to_units(data.train_values), test_values=scale.to_units(data.test_values))
 
 
 class CSR(NamedTuple):
@@ -88,7 +142,7 @@ def write_partitions(ds: RatingDataset, directory: Path, key: str) -> Path:
             np.save(tmp / "item_features.npy", ds.item_features.astype(np.float32))
             num_features = int(ds.item_features.shape[1])
         meta = PartitionMeta(ds.name, ds.num_users, ds.num_items, ds.scale, len(ds.train), len(ds.test), key, num_features)
-        (tmp / "meta.json").write_text(json.dumps({"format": FORMAT_VERSION, **asdict(meta)}, indent=1))
+        (tmp / "meta.json").write_text(json.dumps({"format": FORMAT_VERSION, **meta.public_facts()}, indent=1))
         if directory.exists():  # a concurrent builder won the race: keep its identical copy
             shutil.rmtree(tmp)
         else:
@@ -130,8 +184,7 @@ class UserPartitions:
             fmt = raw.pop("format", None)
             if fmt != FORMAT_VERSION:
                 raise ValueError(f"format {fmt} (expected {FORMAT_VERSION})")
-            raw["scale"] = RatingScale(**raw["scale"])
-            self.meta = PartitionMeta(**raw)
+            self.meta = PartitionMeta.from_public_facts(raw)  # the participants' view: scale in reference units
             self._arrays = {n: np.load(directory / f"{n}.npy", mmap_mode="r") for n in _ARRAYS}
             _check_csr(self.meta, self._arrays, "train", self.meta.num_train)
             _check_csr(self.meta, self._arrays, "test", self.meta.num_test)
@@ -154,10 +207,14 @@ class UserPartitions:
             return Ratings(users, np.asarray(a[f"{name}_items"], np.int64), np.asarray(a[f"{name}_values"], np.float32))
 
         m = self.meta
-        return RatingDataset(m.dataset, m.num_users, m.num_items, m.scale, part("train"), part("test"))
+        return RatingDataset(m.dataset, m.num_users, m.num_items, m.dataset_scale, part("train"), part("test"))
 
     def user(self, u: int) -> UserData:
-        """The train and test ratings of user `u`, copied out of the memory map."""
+        """The train and test ratings of user `u` in reference units (`in_units`): what a device trains on."""
+        return in_units(self.stored_user(u), self.meta.dataset_scale)
+
+    def stored_user(self, u: int) -> UserData:
+        """The train and test ratings of user `u` on the dataset's own scale, copied out of the memory map."""
         if not 0 <= u < self.meta.num_users:
             raise DataError(f"user {u} out of range [0, {self.meta.num_users}) for dataset {self.meta.dataset}")
         a = self._arrays

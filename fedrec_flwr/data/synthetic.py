@@ -13,6 +13,24 @@ from ..progress import Progress
 from .types import Domain, MultiDomainDataset, RatingDataset, Ratings, RatingScale
 
 SYNTHETIC_SCALE = RatingScale(1.0, 5.0, 1.0)
+# data.synthetic.scale: the rating scales of the registry's datasets (1-5: ml-100k, douban, ml-1m;
+# 0.5-5 in half steps: ml-10m, flixster; 1-100: yahoo_music), so scale handling is testable offline
+SYNTHETIC_SCALES = {"1-5": SYNTHETIC_SCALE, "0.5-5": RatingScale(0.5, 5.0, 0.5), "1-100": RatingScale(1.0, 100.0, 1.0)}
+
+
+def synthetic_scale(name: str) -> RatingScale:
+    """The RatingScale a `data.synthetic.scale` name stands for; ValueError for an unknown name."""
+    if name not in SYNTHETIC_SCALES:
+        raise ValueError(f"synthetic scale {name!r}; expected one of {', '.join(SYNTHETIC_SCALES)}")
+    return SYNTHETIC_SCALES[name]
+
+
+def _quantise(signal: np.ndarray, scale: RatingScale) -> np.ndarray:
+    """A continuous planted rating in reference units ([1, 5]) put on `scale`: mapped, rounded to its step, clipped."""
+    if scale == SYNTHETIC_SCALE:  # the original 1-5 generator, bit for bit
+        return np.clip(np.round(signal), 1, 5)
+    raw = scale.from_units(signal)
+    return np.clip(scale.low + np.round((raw - scale.low) / scale.step) * scale.step, scale.low, scale.high)
 
 
 def _power_law_degrees(rng: np.random.Generator, n: int, mean: float, exponent: float, cap: int) -> np.ndarray:
@@ -49,21 +67,29 @@ def make_synthetic(
     degree_exponent: float = 2.2,
     noise_std: float = 0.25,
     test_fraction: float = 0.1,
+    scale: str = "1-5",
 ) -> RatingDataset:
-    """A rating dataset on a 1-5 integer scale from r = clip(round(3.5 + b_u + b_i + u.v + noise))."""
+    """A rating dataset from r = clip(round(3.5 + b_u + b_i + u.v + noise)) on a 1-5 integer scale.
+
+    `scale` ("1-5", "0.5-5" or "1-100", see SYNTHETIC_SCALES) puts the same planted ratings (same
+    users, items, split and random draws) on another scale: the continuous value, in 1-5 units, is
+    mapped affinely onto the scale and rounded to its step, so scale-invariant training can be checked
+    without the real datasets. "1-5" gives the original data bit for bit.
+    """
+    rating_scale = synthetic_scale(scale)
     rng = np.random.default_rng(seed)
     cap = max(3, num_items // 2)
     degrees = _power_law_degrees(rng, num_users, mean_degree, degree_exponent, cap)
     popularity = rng.pareto(degree_exponent - 1.0, size=num_items) + 1.0
     users, items = _sample_interactions(rng, degrees, popularity)
 
-    scale = 0.9 / np.sqrt(rank)
-    u_fac = rng.normal(0.0, np.sqrt(scale), size=(num_users, rank))
-    i_fac = rng.normal(0.0, np.sqrt(scale), size=(num_items, rank))
+    var = 0.9 / np.sqrt(rank)
+    u_fac = rng.normal(0.0, np.sqrt(var), size=(num_users, rank))
+    i_fac = rng.normal(0.0, np.sqrt(var), size=(num_items, rank))
     u_bias = rng.normal(0.0, 0.3, size=num_users)
     i_bias = rng.normal(0.0, 0.4, size=num_items)
     signal = 3.5 + u_bias[users] + i_bias[items] + np.einsum("nk,nk->n", u_fac[users], i_fac[items])
-    values = np.clip(np.round(signal + rng.normal(0.0, noise_std, size=signal.shape)), 1, 5)
+    values = _quantise(signal + rng.normal(0.0, noise_std, size=signal.shape), rating_scale)
 
     is_test = rng.random(users.shape[0]) < test_fraction
     # every user keeps at least one training rating: its first interaction never goes to test
@@ -74,11 +100,11 @@ def make_synthetic(
         name="synthetic",
         num_users=num_users,
         num_items=num_items,
-        scale=SYNTHETIC_SCALE,
+        scale=rating_scale,
         train=Ratings(users[~is_test], items[~is_test], vals[~is_test]),
         test=Ratings(users[is_test], items[is_test], vals[is_test]),
         meta={"seed": seed, "rank": rank},
-        item_features=_planted_genres(i_fac, np.sqrt(scale)),
+        item_features=_planted_genres(i_fac, np.sqrt(var)),
     )
     return ds.validate("synthetic")
 

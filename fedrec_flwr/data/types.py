@@ -11,9 +11,23 @@ class DataError(ValueError):
     """Bad or missing input data; the message names the file, line or key and what was expected."""
 
 
+# FedGNN's reference units: every rating scale is mapped onto [1, 5] (see RatingScale.to_units)
+REFERENCE_LOW, REFERENCE_HIGH = 1.0, 5.0
+REFERENCE_SPAN = REFERENCE_HIGH - REFERENCE_LOW
+
+
 @dataclass(frozen=True)
 class RatingScale:
-    """The rating range of a dataset (min, max and step), used to clip predictions."""
+    """The rating range of a dataset (min, max and step), used to clip predictions.
+
+    It also owns the one map between a dataset's ratings and FedGNN's *reference units*: the affine
+    r -> 1 + 4 (r - low) / (high - low) onto [1, 5]. FedGNN's tuned settings (upload clip, learning
+    rates, the bias starting at the midpoint) assume ratings a few units apart, so devices and the
+    server train in reference units on every dataset; the map reads only the public scale (no data, no
+    privacy cost) and is the identity on 1-5 datasets, so their numbers stay bit-identical. Ratings enter
+    reference units where a device reads them (`data.partition`: UserData and the scale a device is
+    told), and metrics leave them where the server reports them (`fedgnn.rounds`, `centralized`).
+    """
 
     low: float
     high: float
@@ -23,6 +37,38 @@ class RatingScale:
     def midpoint(self) -> float:
         """Centre of the scale: a data-free starting value for the global bias."""
         return 0.5 * (self.low + self.high)
+
+    @property
+    def is_reference(self) -> bool:
+        """True when the scale's bounds are the reference units' [1, 5] (the map is then the identity)."""
+        return self.low == REFERENCE_LOW and self.high == REFERENCE_HIGH
+
+    @property
+    def unit_factor(self) -> float:
+        """Rating points per reference unit, (high - low) / 4: multiplies an RMSE or MAE in units back."""
+        return 1.0 if self.is_reference else (self.high - self.low) / REFERENCE_SPAN
+
+    def to_units(self, values: np.ndarray) -> np.ndarray:
+        """Ratings on this scale mapped onto [1, 5] (same dtype; unchanged when the scale is 1-5)."""
+        values = np.asarray(values)
+        if self.is_reference:
+            return values
+        mapped = REFERENCE_LOW + (values.astype(np.float64) - self.low) / self.unit_factor
+        return mapped.astype(values.dtype if np.issubdtype(values.dtype, np.floating) else np.float64)
+
+    def from_units(self, values: np.ndarray) -> np.ndarray:
+        """Reference-unit values mapped back onto this scale (the inverse of `to_units`)."""
+        values = np.asarray(values)
+        if self.is_reference:
+            return values
+        mapped = self.low + (values.astype(np.float64) - REFERENCE_LOW) * self.unit_factor
+        return mapped.astype(values.dtype if np.issubdtype(values.dtype, np.floating) else np.float64)
+
+    def in_units(self) -> "RatingScale":
+        """This scale expressed in reference units: [1, 5] with the step mapped (itself on 1-5)."""
+        if self.is_reference:
+            return self
+        return RatingScale(REFERENCE_LOW, REFERENCE_HIGH, self.step / self.unit_factor)
 
 
 @dataclass

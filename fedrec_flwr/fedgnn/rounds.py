@@ -15,6 +15,10 @@ implementation:
 3. evaluate: every `eval_every` training rounds the evaluating users report (SSE, SAE, n), checked
    against what their test ratings could give, and RMSE = sqrt(sum SSE / sum n).
 
+Devices train and report in reference units (ratings mapped onto [1, 5] by the public scale,
+`RatingScale.to_units`, where they read their data): the evaluation checks replies in those units
+and reports RMSE and MAE on the dataset's own scale (times `public_scale.unit_factor`, 1 on 1-5).
+
 Rejected messages are logged, counted and never averaged in.
 
 The core reads only its sections: `federation`, `privacy`, `merge` (the upload norm bound),
@@ -32,6 +36,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fedrec_flwr.config import ExpansionConfig, FederationConfig, MergeConfig, PrivacyConfig
+from fedrec_flwr.data.partition import public_scale
+from fedrec_flwr.data.types import RatingScale
 from fedrec_flwr.fedgnn.accounting import budget, epsilon_per_coordinate
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.protocol import (
@@ -72,11 +78,16 @@ class FedGNNRounds:
 
     def __init__(self, server: FedGNNServer, registry: UserRegistry, rating_span: float, *,
                  federation: FederationConfig, privacy: PrivacyConfig, merge: MergeConfig,
-                 expansion: ExpansionConfig, dim: int, seed: int, recorder: RunRecorder | None = None):
+                 expansion: ExpansionConfig, dim: int, seed: int, recorder: RunRecorder | None = None,
+                 public_scale: RatingScale | None = None):
         self.server, self.registry, self.recorder = server, registry, recorder
         self.federation, self.privacy, self.expansion, self.dim, self.seed = federation, privacy, expansion, dim, seed
         self.merge = merge
-        self.rating_span = rating_span  # high - low of the rating scale: bounds a reported squared error
+        # high - low of the scale the devices report in (reference units: 4, the span of the
+        # participants' `PartitionMeta.scale`): bounds a reported squared error
+        self.rating_span = rating_span
+        # the dataset's own scale: reported RMSE and MAE are mapped back onto it (None: 1-5, no map)
+        self.public_scale = public_scale
         self.schedule = round_schedule(federation, expansion, registry.num_users)
         self.train_rounds_done = 0
         self.reported_by: dict[int, int] = {}  # user -> the node its popularity report came from (round 0)
@@ -90,9 +101,12 @@ class FedGNNRounds:
     @classmethod
     def from_config(cls, cfg: AppConfig, server: FedGNNServer, registry: UserRegistry, rating_span: float,
                     recorder: RunRecorder | None = None) -> FedGNNRounds:
-        """The round core of one run: its federation, privacy, merge and expansion sections, model dim and seed."""
+        """The round core of one run: its federation, privacy, merge and expansion sections, model dim and seed,
+        and the public rating scale of its dataset (`data.partition.public_scale`: no ratings read), on which
+        it reports metrics."""
         return cls(server, registry, rating_span, federation=cfg.federation, privacy=cfg.privacy, merge=cfg.merge,
-                   expansion=cfg.expansion, dim=cfg.model.dim, seed=cfg.seed, recorder=recorder)
+                   expansion=cfg.expansion, dim=cfg.model.dim, seed=cfg.seed, recorder=recorder,
+                   public_scale=public_scale(cfg.data))
 
     # -- bookkeeping -----------------------------------------------------------------
     @property
@@ -267,7 +281,7 @@ class FedGNNRounds:
             raise UploadRejected(f"evaluation n = {n} exceeds the {most} items the node's users registered")
         if not (math.isfinite(sse) and math.isfinite(sae)) or sse < 0 or sae < 0:
             raise UploadRejected(f"evaluation sse = {sse}, sae = {sae}; expected finite and >= 0")
-        span = self.rating_span
+        span = self.rating_span  # replies are in reference units, as the devices' ratings are
         slack = span + 1e-4 * max(span, 1.0)  # ratings may sit a rounding error outside the scale
         if sse > n * slack * slack or sae > n * slack:
             raise UploadRejected(f"evaluation sse = {sse:.4g} / sae = {sae:.4g} exceed what {n} ratings on a scale "
@@ -292,8 +306,9 @@ class FedGNNRounds:
                         logical_round, len(replies), failures)
             return None
         sse, sae = math.fsum(sse_parts), math.fsum(sae_parts)  # exact: independent of arrival order
-        metrics = {"rmse": math.sqrt(sse / n), "mae": sae / n, "eval_ratings": n, "eval_failures": failures,
-                   "eval_rejected": self.eval_rejections}
+        factor = 1.0 if self.public_scale is None else self.public_scale.unit_factor  # reference units -> the dataset's
+        metrics = {"rmse": math.sqrt(sse / n) * factor, "mae": sae / n * factor, "eval_ratings": n,
+                   "eval_failures": failures, "eval_rejected": self.eval_rejections}
         self.final = {"rmse": metrics["rmse"], "mae": metrics["mae"]}
         self.record({"round": logical_round, **metrics})
         return metrics
