@@ -253,10 +253,13 @@ class FPPDMTrainingConfig:
     """A domain's local training each round: Adam on the W2 metric loss plus the pull to the global users."""
 
     lr: float = 0.001  # Adam's learning rate
-    batch_size: int = 256  # training interactions per step (each step propagates the whole graph)
+    batch_size: int = 256  # training interactions per step (each step propagates the graph around them)
     local_epochs: int = 5  # passes over the domain's interactions per round
     margin: float = 1.0  # hinge margin between W2(user, positive) and W2(user, negative)
     lambda_p: float = 0.05  # weight of W2(local user, global user)
+    # each step propagates only the graph rows its batch's users and items depend on, with scipy's CSR
+    # kernels and a fused Adam (CPU; the same numbers up to float rounding); false: the whole graph every step
+    row_propagation: bool = True
 
 
 @dataclass

@@ -77,6 +77,8 @@ class DomainTrainer:
     `evaluate` takes `fppdm.evaluation`.
     """
 
+    fused_adam = True  # with row propagation; false: torch's default Adam kernels, as the reference path uses
+
     def __init__(self, data: DomainData, domain_index: int, model: FPPDMModelConfig, training: FPPDMTrainingConfig,
                  coclustering: CoClusteringConfig, seed: int, device: torch.device | None = None):
         self.data, self.domain_index, self.seed = data, domain_index, seed
@@ -128,7 +130,10 @@ class DomainTrainer:
         (+ lambda_C W2(u, its cluster) for FPPDM++)."""
         d, f, cc = self.data, self.training, self.coclustering
         rng = np.random.default_rng([self.seed, self.domain_index, server_round])
-        opt = torch.optim.Adam(self.model.parameters(), lr=f.lr)
+        rows = f.row_propagation and self.model.rows_supported()
+        # fused: Adam's update in one pass over each table instead of several (the same maths; its float
+        # rounding differs from the unfused kernels' in the last bits)
+        opt = torch.optim.Adam(self.model.parameters(), lr=f.lr, fused=True if rows and self.fused_adam else None)
         has_global = np.zeros(d.num_users, bool)
         g_mu = torch.zeros(d.num_users, self.dim, device=self.device)
         g_sigma = torch.ones(d.num_users, self.dim, device=self.device)
@@ -153,19 +158,26 @@ class DomainTrainer:
                 idx = order[start : start + f.batch_size]
                 users, pos = d.users[idx], d.items[idx]
                 neg = sample_training_negatives(rng, d, users)
-                mu, sigma = self.model()
-                u = torch.from_numpy(users).to(self.device)
-                p = torch.from_numpy(pos + d.num_users).to(self.device)
-                q = torch.from_numpy(neg + d.num_users).to(self.device)
-                dp = w2_squared(mu[u], sigma[u], mu[p], sigma[p])
-                dn = w2_squared(mu[u], sigma[u], mu[q], sigma[q])
+                gu = torch.from_numpy(users).to(self.device)  # the users' local ids (global-target tables)
+                if rows:  # only the propagated rows of the batch's nodes (the same values and gradients)
+                    nodes = np.unique(np.concatenate([users, pos + d.num_users, neg + d.num_users]))
+                    mu, sigma = self.model.forward_rows(self.model.plan_rows(nodes))
+                    u, p, q = (torch.from_numpy(np.searchsorted(nodes, a)) for a in (users, pos + d.num_users, neg + d.num_users))
+                else:  # the reference: the whole graph every step
+                    mu, sigma = self.model()
+                    u = gu
+                    p = torch.from_numpy(pos + d.num_users).to(self.device)
+                    q = torch.from_numpy(neg + d.num_users).to(self.device)
+                mu_u, sigma_u = mu[u], sigma[u]
+                dp = w2_squared(mu_u, sigma_u, mu[p], sigma[p])
+                dn = w2_squared(mu_u, sigma_u, mu[q], sigma[q])
                 loss = torch.relu(f.margin + dp - dn).mean()
                 if has_global.any():
-                    w = has_global_t[u].float()
-                    loss = loss + f.lambda_p * (w * w2_squared(mu[u], sigma[u], g_mu[u], g_sigma[u])).sum() / w.sum().clamp(min=1)
+                    w = has_global_t[gu].float()
+                    loss = loss + f.lambda_p * (w * w2_squared(mu_u, sigma_u, g_mu[gu], g_sigma[gu])).sum() / w.sum().clamp(min=1)
                 if cluster_of is not None:
-                    c = cluster_of[u]
-                    loss = loss + cc.lambda_c * w2_squared(mu[u], sigma[u], cluster_mu[c], cluster_sigma[c]).mean()
+                    c = cluster_of[gu]
+                    loss = loss + cc.lambda_c * w2_squared(mu_u, sigma_u, cluster_mu[c], cluster_sigma[c]).mean()
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
