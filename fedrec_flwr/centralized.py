@@ -3,6 +3,7 @@
 It gives the accuracy ceiling and the speed reference for the federated runs: same model,
 same split, same metrics. Like the federated model it trains in reference units (ratings mapped
 onto [1, 5] by the public scale, `RatingScale.to_units`) and reports metrics on the dataset's scale.
+With model.item_bias its item rows carry the bias b_i as a last column, as the federated table's do.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from .config import AppConfig, to_dict
 from .data import RatingDataset, load_from_config
 from .metrics import mae, rmse
-from .models import build_model, build_star_batch
+from .models import build_model, build_star_batch, row_width
 from .results import RunRecorder
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,10 @@ class CentralizedTrainer:
         self.model = build_model(cfg.model, self.units.midpoint, 0 if ds.item_features is None else ds.item_features.shape[1])
         self.features = None if ds.item_features is None else torch.from_numpy(ds.item_features)
         self.user_emb = torch.nn.Parameter(torch.randn(ds.num_users, d) * 0.1)
-        self.item_emb = torch.nn.Parameter(torch.randn(ds.num_items, d) * 0.1)
+        items = torch.randn(ds.num_items, d) * 0.1
+        if row_width(cfg.model) > d:  # model.item_bias: each item's row carries its bias b_i last, from 0
+            items = torch.cat([items, torch.zeros(ds.num_items, row_width(cfg.model) - d)], 1)
+        self.item_emb = torch.nn.Parameter(items)
         params = [*self.model.parameters(), self.user_emb, self.item_emb]
         self.opt = torch.optim.Adam(params, lr=cfg.centralized.lr, weight_decay=cfg.centralized.weight_decay)
         self.train = _by_user(ds.num_users, ds.train.users, ds.train.items, ds.scale.to_units(ds.train.values))

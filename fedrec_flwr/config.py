@@ -70,6 +70,14 @@ class ModelConfig:
     # a scalar rating offset per user, added to its predictions, trained on the device beside its
     # embedding and never uploaded (no privacy cost): what the user's own mean gives for free
     user_offset: bool = False
+    # where that offset starts: "zero", or "mean": the user's own mean training rating minus the
+    # model's starting global bias (the scale midpoint), so its first predictions are its own mean.
+    # Computed on the device from its own ratings and never sent: no privacy cost
+    user_offset_init: str = "zero"
+    # a free scalar b_i per item, carried as one extra last column of the item's row (rows of width
+    # dim + 1, `models.row_width`) and added to its predictions: uploaded, clipped, noised, imitated by
+    # pseudo rows and merged with the rest of the row (the privacy accounting counts the extra coordinate)
+    item_bias: bool = False
 
 
 @dataclass
@@ -359,6 +367,7 @@ class AppConfig:
 _CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm": tuple(ALGORITHMS),
     "model.gnn": ("gat", "gcn", "ggnn"),
+    "model.user_offset_init": ("zero", "mean"),
     "merge.items": ("clients", "count"),
     "local.loss": ("mean", "sum"),
     "local.upload": ("gradient", "delta"),
@@ -656,6 +665,9 @@ def _validate(cfg: AppConfig) -> None:
     if cfg.checkpoint.resume and cfg.expansion.mode == "trainable":
         raise ConfigError("checkpoint.resume does not support expansion.mode = 'trainable' (the neighbour "
                           "service's submissions are not checkpointed); use 'fixed' or 'none'")
+    if cfg.model.user_offset_init != "zero" and not cfg.model.user_offset:
+        raise ConfigError(f"config key 'model.user_offset_init' = {cfg.model.user_offset_init!r} needs "
+                          "model.user_offset = true (there is no private offset to start otherwise)")
     if cfg.privacy.ldp and cfg.privacy.noise_lambda <= 0:
         raise ConfigError("config key 'privacy.noise_lambda' must be > 0 when privacy.ldp is true")
     item_rate = cfg.server_opt.item_rate

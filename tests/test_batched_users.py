@@ -9,10 +9,13 @@ from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.batched import train_users
 from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore
-from fedrec_flwr.models import build_model
+from fedrec_flwr.models import build_model, row_width
 
 DELTA = ["local.upload=delta", "local.steps=3", "local.batch_size=7", "local.loss=mean", "local.user_steps=3",
          "model.user_offset=true", "data.item_features=true", "model.biases=false", "model.heads=2"]
+# item rows of width d + 1 (the last column b_i), private offsets from each user's own mean, with features and biases
+ITEM_BIAS = ["model.item_bias=true", "model.user_offset=true", "model.user_offset_init=mean", "data.item_features=true",
+             "model.biases=true", "local.user_steps=2", "local.steps=2", "local.batch_size=9"]
 
 
 def _uploads(tmp_path, gnn: str, extra: list[str], batch: int):
@@ -26,14 +29,14 @@ def _uploads(tmp_path, gnn: str, extra: list[str], batch: int):
     users = [FedGNNUser(DeviceConfig.from_config(cfg), meta, parts.user(u), store, None, model) for u in range(24)]
     for u in users:  # some users with neighbours (0-2 of them), as graph expansion leaves them
         u.state.neighbours = np.random.default_rng(u.user).standard_normal((u.user % 3, 8)).astype(np.float32) * 0.1
-    rows = [np.random.default_rng(100 + u.user).standard_normal((u.state.anonymity_ids.size, 8)).astype(np.float32) * 0.1
-            for u in users]
+    rows = [np.random.default_rng(100 + u.user).standard_normal((u.state.anonymity_ids.size, row_width(cfg.model)))
+            .astype(np.float32) * 0.1 for u in users]
     uploads = train_users(users, weights, rows, 3, None, batch)
     return uploads, [(st.embedding, st.offset) for st in (store.states[u.user] for u in users)]
 
 
 @pytest.mark.parametrize("gnn", ["gat", "gcn", "ggnn"])
-@pytest.mark.parametrize("extra", [[], DELTA], ids=["gradient", "delta-offset-features"])
+@pytest.mark.parametrize("extra", [[], DELTA, ITEM_BIAS], ids=["gradient", "delta-offset-features", "item-bias-mean-offset"])
 def test_batched_users_upload_what_each_user_uploads_alone(tmp_path, gnn, extra):
     alone, states_alone = _uploads(tmp_path, gnn, extra, 1)
     batched, states_batched = _uploads(tmp_path, gnn, extra, 16)

@@ -19,10 +19,12 @@ import torch
 from fedrec_flwr.fedgnn.protocol import RoundConfig
 from fedrec_flwr.fedgnn.user import FedGNNUser, LocalStep, build_upload, local_gradients, set_weights, user_rng
 from fedrec_flwr.models.dense_star import DenseStars, dense_predict, per_user_copies
+from fedrec_flwr.models.rating_gnn import row_width
 
 
 def _pad(rows: list[np.ndarray], width: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of each user stacked into [B, width, d] with zeros after each user's own, and the [B, width] mask."""
+    """Rows of each user stacked into [B, width, d] with zeros after each user's own, and the [B, width] mask
+    (d: the rows' own width, `row_width` for item rows, the model's dim for neighbour rows)."""
     out = np.zeros((len(rows), width, d), np.float32)
     mask = np.zeros((len(rows), width), np.float32)
     for b, r in enumerate(rows):
@@ -59,10 +61,11 @@ def batched_local_gradients(users: list[FedGNNUser], rows: list[np.ndarray], rng
     cfg, model = users[0].cfg, users[0].model
     model = model.to(device).train()
     d, b = cfg.model.dim, len(users)
+    row_bias = cfg.model.item_bias  # item rows carry b_i as a last column (width row_width = d + 1)
     counts = [(u.data.train_items.size, u.state.neighbours.shape[0]) for u in users]
     width, n_width = max(t for t, _ in counts), max(n for _, n in counts)
     items_np = [r[np.searchsorted(u.state.anonymity_ids, u.data.train_items)] for u, r in zip(users, rows)]
-    items_x, item_mask = _pad(items_np, width, d, device)
+    items_x, item_mask = _pad(items_np, width, row_width(cfg.model), device)
     items_x.requires_grad_(True)
     neigh_x, neigh_mask = _pad([u.state.neighbours for u in users], n_width, d, device)
     user_x = torch.tensor(np.stack([u.state.embedding for u in users]), device=device, requires_grad=True)
@@ -82,12 +85,15 @@ def batched_local_gradients(users: list[FedGNNUser], rows: list[np.ndarray], rng
     def item_input(x: torch.Tensor) -> torch.Tensor:
         if features is None:
             return x
+        if row_bias:  # the features map into the embedding part; the bias column passes through
+            return torch.cat([x[..., :d] + torch.bmm(features, params["item_feature_map"]), x[..., d:]], -1)
         return x + torch.bmm(features, params["item_feature_map"])
 
     def predict(x_items: torch.Tensor) -> torch.Tensor:
+        x_items, b_items = (x_items[..., :d], x_items[..., d]) if row_bias else (x_items, None)
         raw = DenseStars(user_x, x_items, neigh_x, item_mask, neigh_mask)
         masks = _dropout_masks(generators, counts, cfg.model.dropout, d, width, n_width, device)
-        return dense_predict(model, params, raw, _dropped(raw, masks)) + offset[:, None]
+        return dense_predict(model, params, raw, _dropped(raw, masks), b_items) + offset[:, None]
 
     def expand(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return v.view(-1, *([1] * (like.dim() - 1)))

@@ -22,8 +22,8 @@ and reports RMSE and MAE on the dataset's own scale (times `public_scale.unit_fa
 Rejected messages are logged, counted and never averaged in.
 
 The core reads only its sections: `federation`, `privacy`, `merge` (the upload norm bound),
-`expansion`, the model's `dim` and the run's seed; `FedGNNRounds.from_config` picks them out of a
-run's config.
+`expansion`, the width of an item row (`models.row_width`: the model's `dim`, + 1 with
+model.item_bias) and the run's seed; `FedGNNRounds.from_config` picks them out of a run's config.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from fedrec_flwr.fedgnn.server import (
 )
 from fedrec_flwr.messages import NodeReply, UploadRejected
 from fedrec_flwr.metrics import ErrorSums
+from fedrec_flwr.models.rating_gnn import row_width
 from fedrec_flwr.privacy.popularity import check_report
 from fedrec_flwr.results import RunRecorder, report_round
 
@@ -81,6 +82,7 @@ class FedGNNRounds:
                  expansion: ExpansionConfig, dim: int, seed: int, recorder: RunRecorder | None = None,
                  public_scale: RatingScale | None = None):
         self.server, self.registry, self.recorder = server, registry, recorder
+        # dim: the width of one uploaded item row (`models.row_width`), what the privacy accounting counts per row
         self.federation, self.privacy, self.expansion, self.dim, self.seed = federation, privacy, expansion, dim, seed
         self.merge = merge
         # high - low of the scale the devices report in (reference units: 4, the span of the
@@ -101,11 +103,11 @@ class FedGNNRounds:
     @classmethod
     def from_config(cls, cfg: AppConfig, server: FedGNNServer, registry: UserRegistry, rating_span: float,
                     recorder: RunRecorder | None = None) -> FedGNNRounds:
-        """The round core of one run: its federation, privacy, merge and expansion sections, model dim and seed,
+        """The round core of one run: its federation, privacy, merge and expansion sections, row width and seed,
         and the public rating scale of its dataset (`data.partition.public_scale`: no ratings read), on which
         it reports metrics."""
         return cls(server, registry, rating_span, federation=cfg.federation, privacy=cfg.privacy, merge=cfg.merge,
-                   expansion=cfg.expansion, dim=cfg.model.dim, seed=cfg.seed, recorder=recorder,
+                   expansion=cfg.expansion, dim=row_width(cfg.model), seed=cfg.seed, recorder=recorder,
                    public_scale=public_scale(cfg.data))
 
     # -- bookkeeping -----------------------------------------------------------------
@@ -321,7 +323,9 @@ class FedGNNRounds:
         return {"max": int(counts.max()), "median": float(np.median(counts)), "total": int(self.uploads.sum())}
 
     def privacy_budget(self) -> dict | None:
-        """The accounted LDP budget of the run so far (fedgnn.accounting), or None without LDP."""
+        """The accounted LDP budget of the run so far (fedgnn.accounting), or None without LDP.
+
+        An upload's coordinates: the model's, plus one row of `row_width` (b_i included) per item of the set."""
         p = self.privacy
         users = sorted(self.server.registry)
         if not p.ldp or not users:

@@ -31,7 +31,7 @@ from fedrec_flwr.fedgnn.protocol import (
     PHASE_TRAIN,
     UploadRejected,
 )
-from fedrec_flwr.models import build_model
+from fedrec_flwr.models import build_model, row_width
 from fedrec_flwr.privacy.popularity import estimate_counts
 
 if TYPE_CHECKING:
@@ -56,7 +56,9 @@ def validate_upload(
     arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], dim: int, num_items: int, min_rows: int,
     registered: np.ndarray | None,
 ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-    """Split and check one user's training upload: (model grads, item ids, item rows) or UploadRejected."""
+    """Split and check one user's training upload: (model grads, item ids, item rows) or UploadRejected.
+
+    `dim`: the width of one item row (`models.row_width`: the model's dim, + 1 with model.item_bias)."""
     n = len(model_shapes)
     if len(arrays) != n + 2:
         raise UploadRejected(f"expected {n + 2} arrays (model grads, ids, rows), got {len(arrays)}")
@@ -193,12 +195,15 @@ class FedGNNServer:
         self.num_items = num_items
         # `self.model` is the torch model; its section is `model_cfg`
         self.model_cfg, self.server_opt, self.merge, self.privacy, self.seed = model, server_opt, merge, privacy, seed
-        self.dim = model.dim
+        self.dim = row_width(model)  # the width of an item row: the table's, every download's and upload's
         self.device = device or torch.device("cpu")
         torch.manual_seed(seed)
         gen = torch.Generator().manual_seed(seed + 1)
         self.model = build_model(model, bias_init, num_item_features).to(self.device)
-        self.items = torch.nn.Parameter((torch.randn(num_items, model.dim, generator=gen) * model.init_std).to(self.device))
+        table = torch.randn(num_items, model.dim, generator=gen) * model.init_std
+        if self.dim > model.dim:  # model.item_bias: the last column is each item's bias b_i, starting at 0
+            table = torch.cat([table, torch.zeros(num_items, self.dim - model.dim)], 1)
+        self.items = torch.nn.Parameter(table.to(self.device))
         params = list(self.model.parameters())
         so = server_opt
         if so.name == "adam":

@@ -20,7 +20,7 @@ from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.fedgnn.protocol import ExpansionLink, RoundConfig
 from fedrec_flwr.metrics import ErrorSums, squared_error_sum
-from fedrec_flwr.models import RatingGNN, build_model, build_star_batch
+from fedrec_flwr.models import RatingGNN, build_model, build_star_batch, row_width
 from fedrec_flwr.neighbours import NeighbourClient, item_tokens
 from fedrec_flwr.privacy import (
     num_pseudo,
@@ -118,9 +118,11 @@ def popularity_report(cfg: DeviceConfig, meta: PartitionMeta, data: UserData) ->
 
 
 def init_user_state(cfg: DeviceConfig, meta: PartitionMeta, data: UserData, popularity: np.ndarray | None = None) -> UserState:
-    """Draw the user's embedding and its fixed pseudo items (once, on the device).
+    """Draw the user's embedding and its fixed pseudo items (once, on the device), and start its private offset.
 
     `popularity`: the item counts the server published, required by the popularity-matched sampler.
+    The offset starts at 0, or with model.user_offset_init = "mean" at `initial_offset`: the user's own
+    mean rating minus the model's starting bias, read from its own ratings on the device (no privacy cost).
     """
     rng = user_rng(cfg.seed, data.user, 0)
     emb = (rng.standard_normal(cfg.model.dim) * cfg.model.init_std).astype(np.float32)
@@ -134,7 +136,21 @@ def init_user_state(cfg: DeviceConfig, meta: PartitionMeta, data: UserData, popu
     else:
         pseudo = sample_pseudo_items(rng, meta.num_items, own, num_pseudo(p.pseudo_items, own.size, meta.num_items - own.size))
     handle = rng.bytes(16).hex()  # private randomness: the service cannot link it to the user id
-    return UserState(emb, np.union1d(own, pseudo).astype(np.int64), np.zeros((0, cfg.model.dim), np.float32), handle, 0.0)
+    return UserState(emb, np.union1d(own, pseudo).astype(np.int64), np.zeros((0, cfg.model.dim), np.float32), handle,
+                     initial_offset(cfg.model, meta, data))
+
+
+def initial_offset(model: ModelConfig, meta: PartitionMeta, data: UserData) -> float:
+    """Where the user's private rating offset starts: 0 ("zero"), or ("mean") its own mean training rating
+    minus the model's starting global bias (the scale's midpoint, in the reference units the device reads),
+    so that a model whose dot products are still ~0 first predicts the user's own mean.
+
+    Computed on the device from the user's own ratings and never sent anywhere: it costs no privacy.
+    A user without training ratings starts at 0.
+    """
+    if model.user_offset_init != "mean" or data.train_values.size == 0:
+        return 0.0
+    return float(np.mean(data.train_values, dtype=np.float64) - meta.scale.midpoint)
 
 
 def set_weights(model: RatingGNN, arrays: list[np.ndarray]) -> None:
@@ -265,7 +281,7 @@ def evaluate_user(
     model: RatingGNN, state: UserState, data: UserData, item_rows: np.ndarray, low: float, high: float,
     device: torch.device | None = None,
 ) -> ErrorSums:
-    """(SSE, SAE, n) of the user's clipped predictions on its own test ratings."""
+    """(SSE, SAE, n) of the user's clipped predictions on its own test ratings (item rows of `row_width`)."""
     if data.test_items.size == 0 or data.train_items.size == 0:
         return ErrorSums(0.0, 0.0, 0)
     device = device or torch.device("cpu")
@@ -310,8 +326,9 @@ class FedGNNUser:
     def item_rows(self, rows: np.ndarray) -> np.ndarray:
         """The server's rows of this user's anonymity set as float32, checked against the set's shape."""
         rows = np.asarray(rows, np.float32)
-        if rows.shape != (self.state.anonymity_ids.size, self.cfg.model.dim):
-            raise ValueError(f"item rows have shape {rows.shape}, expected {(self.state.anonymity_ids.size, self.cfg.model.dim)}")
+        expected = (self.state.anonymity_ids.size, row_width(self.cfg.model))
+        if rows.shape != expected:
+            raise ValueError(f"item rows have shape {rows.shape}, expected {expected}")
         return rows
 
     def report_popularity(self) -> np.ndarray:

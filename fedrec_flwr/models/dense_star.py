@@ -120,9 +120,11 @@ def dense_encode(kind: str, heads: int, params: dict[str, torch.Tensor], g: Dens
     raise ValueError(f"model.gnn = {kind!r}; expected gat, gcn or ggnn")
 
 
-def dense_predict(model: RatingGNN, params: dict[str, torch.Tensor], raw: DenseStars, dropped: DenseStars) -> torch.Tensor:
+def dense_predict(model: RatingGNN, params: dict[str, torch.Tensor], raw: DenseStars, dropped: DenseStars,
+                  item_bias: torch.Tensor | None = None) -> torch.Tensor:
     """Predicted ratings [B, T] of every item slot, as RatingGNN.forward gives them: the encoder reads the
-    dropped-out inputs `dropped`, the optional bias vectors the raw inputs `raw`."""
+    dropped-out inputs `dropped`, the optional bias vectors the raw inputs `raw`. `item_bias` [B, T]: the
+    rows' last column b_i (model.item_bias; the caller splits it off, `raw.items` holds the embeddings)."""
     h_user, h_items = dense_encode(model.encoder.kind, model.encoder.conv.heads if model.encoder.kind == "gat" else 1,
                                    params, dropped)
     pred = (h_items * h_user[:, None]).sum(-1) + params["bias"][:, None]
@@ -130,4 +132,6 @@ def dense_predict(model: RatingGNN, params: dict[str, torch.Tensor], raw: DenseS
         b_user = (raw.user * params["user_bias"]).sum(-1)
         b_items = (raw.items * params["item_bias"][:, None]).sum(-1)
         pred = pred + b_user[:, None] + b_items
+    if item_bias is not None:
+        pred = pred + item_bias
     return pred

@@ -53,11 +53,17 @@ class RatingGNN(nn.Module):
     gradient on an item row points along w for every rater, so it adds up across users where
     the dot product's (along h_u, different per user) does not. Under LDP this gains 0.003-0.01
     RMSE on ML-100K (BENCHMARKS.md), not a step change.
+
+    With `row_bias` (model.item_bias) every item row has width dim + 1: its first dim columns are
+    the item's embedding, the last one a free scalar bias b_i added to the item's predictions. The
+    model splits the rows it is given (`split_rows`), so the bias's gradient is the last column of
+    the item's gradient row and travels, clipped, noised and merged, with the rest of the row.
     """
 
     def __init__(self, kind: str, dim: int, dropout: float = 0.0, heads: int = 1, bias_init: float = 0.0,
-                 biases: bool = False, num_item_features: int = 0):
+                 biases: bool = False, num_item_features: int = 0, row_bias: bool = False):
         super().__init__()
+        self.dim, self.row_bias = dim, row_bias
         self.encoder = StarGraphEncoder(kind, dim, dropout, heads)
         self.bias = nn.Parameter(torch.tensor(float(bias_init)))
         self.user_bias = nn.Parameter(torch.zeros(dim)) if biases else None
@@ -76,7 +82,17 @@ class RatingGNN(nn.Module):
             return rows
         if features is None:
             raise ValueError("this model takes public item features (data.item_features), but none were given")
+        if self.row_bias:  # the features map into the embedding part; the bias column passes through
+            return torch.cat([rows[..., : self.dim] + features @ self.item_feature_map, rows[..., self.dim :]], -1)
         return rows + features @ self.item_feature_map
+
+    def split_rows(self, rows: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(embedding part [.., dim], bias [..] or None) of item rows: the last column is b_i with `row_bias`."""
+        if rows is None or not self.row_bias:
+            return rows, None
+        if rows.shape[-1] != self.dim + 1:
+            raise ValueError(f"item rows have width {rows.shape[-1]}, expected dim + 1 = {self.dim + 1} (model.item_bias)")
+        return rows[..., : self.dim], rows[..., self.dim]
 
     def forward(
         self,
@@ -86,7 +102,11 @@ class RatingGNN(nn.Module):
         query_item_x: torch.Tensor | None = None,
         neighbour_x: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Predicted ratings for the train slots [T] and the query slots [Q] of the batch."""
+        """Predicted ratings for the train slots [T] and the query slots [Q] of the batch.
+
+        Item rows have width dim, or dim + 1 with `row_bias` (the last column then adds b_i)."""
+        train_item_x, train_b = self.split_rows(train_item_x)
+        query_item_x, query_b = self.split_rows(query_item_x)
         d = user_x.shape[1]
         parts = [user_x, train_item_x]
         parts.append(query_item_x if query_item_x is not None else user_x.new_zeros((0, d)))
@@ -101,10 +121,20 @@ class RatingGNN(nn.Module):
             b_user, b_item = x[:b] @ self.user_bias, x[b : b + t + q] @ self.item_bias
             pred_train = pred_train + b_user[batch.train_slot_user] + b_item[:t]
             pred_query = pred_query + b_user[batch.query_slot_user] + b_item[t:]
+        if train_b is not None:
+            pred_train = pred_train + train_b
+        if query_b is not None:
+            pred_query = pred_query + query_b
         return pred_train, pred_query
+
+
+def row_width(model_cfg) -> int:
+    """Width of one item row on the wire and in the server's table: the embedding's dim, plus one column
+    for the per-item bias b_i with model.item_bias. User embeddings and neighbour rows keep width dim."""
+    return model_cfg.dim + (1 if model_cfg.item_bias else 0)
 
 
 def build_model(model_cfg, bias_init: float, num_item_features: int = 0) -> RatingGNN:
     """The RatingGNN a ModelConfig describes (taking `num_item_features` public item features)."""
     return RatingGNN(model_cfg.gnn, model_cfg.dim, model_cfg.dropout, model_cfg.heads, bias_init, model_cfg.biases,
-                     num_item_features)
+                     num_item_features, model_cfg.item_bias)

@@ -37,7 +37,7 @@ from fedrec_flwr.fedgnn.user import (
     local_gradients,
     popularity_report,
 )
-from fedrec_flwr.models import RatingGNN, build_model
+from fedrec_flwr.models import RatingGNN, build_model, row_width
 from fedrec_flwr.privacy.popularity import estimate_counts
 
 FEATURES = ("l2 norm", "l1 norm", "max |x|", "mean", "projection on mean row", "|top principal component|", "standardised distance")
@@ -96,7 +96,7 @@ def user_steps(cfg: AppConfig, users: int) -> Iterator[UserStep]:
         state = init_user_state(device_cfg, meta, data, popularity)
         model.load_state_dict(initial)  # every user steps from the same model (delta uploads move it locally)
         rng = np.random.default_rng(u)
-        sent = (rng.standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
+        sent = (rng.standard_normal((state.anonymity_ids.size, row_width(cfg.model))) * 0.1).astype(np.float32)
         grads, real_rows, *_ = local_gradients(device_cfg, model, state, data, sent, rng)
         yield UserStep(model, data, state, sent, grads, real_rows, rng, np.isin(state.anonymity_ids, data.train_items))
 
@@ -116,7 +116,7 @@ def within_upload_auc(cfg: AppConfig, users: int, mode: str) -> np.ndarray:
     aucs = []
     for step in user_steps(cfg, users):
         if mode == "zeros":
-            up = np.zeros((step.state.anonymity_ids.size, cfg.model.dim), np.float32)
+            up = np.zeros((step.state.anonymity_ids.size, row_width(cfg.model)), np.float32)
             up[step.is_real] = step.real_rows
         else:
             up = build_upload(DeviceConfig.from_config(cfg), step.state, step.data, step.grads, step.real_rows, step.rng)[-1]
@@ -136,21 +136,24 @@ def model_gradient_auc(cfg: AppConfig, users: int) -> dict[str, float]:
     rows; item j scores its sent row's largest |projection| on them (the best d x d weight reported).
     "feature map" (models with public item features): the map's gradient is the sum over real j
     of f_j (x) g_j, so item j scores <map gradient, f_j (x) its uploaded row g_j>.
+    With model.item_bias both read the embedding part of a row (its first dim columns), where the
+    weights and the feature map act; the bias column is not seen by them.
     """
+    d = cfg.model.dim
     per_weight: dict[int, list[float]] = {}
     feature_map: list[float] = []
     for step in user_steps(cfg, users):
         upload = build_upload(DeviceConfig.from_config(cfg), step.state, step.data, step.grads, step.real_rows, step.rng)
         for i, p in enumerate(step.model.parameters()):
-            if p.dim() < 2 or p.shape[-1] != cfg.model.dim or p.shape[-2] != cfg.model.dim:
+            if p.dim() < 2 or p.shape[-1] != d or p.shape[-2] != d:
                 continue
-            left, _, right = np.linalg.svd(upload[i].reshape(-1, cfg.model.dim, cfg.model.dim)[0])
-            scores = np.maximum(np.abs(step.sent @ left[:, 0]), np.abs(step.sent @ right[0]))
+            left, _, right = np.linalg.svd(upload[i].reshape(-1, d, d)[0])
+            scores = np.maximum(np.abs(step.sent[:, :d] @ left[:, 0]), np.abs(step.sent[:, :d] @ right[0]))
             per_weight.setdefault(i, []).append(separation_auc(scores, step.is_real))
         if step.data.item_features is not None:
             g_map = upload[[n for n, _ in step.model.named_parameters()].index("item_feature_map")]
             features = step.data.item_features[step.state.anonymity_ids]
-            feature_map.append(separation_auc(np.einsum("jk,kl,jl->j", features, g_map, upload[-1]), step.is_real))
+            feature_map.append(separation_auc(np.einsum("jk,kl,jl->j", features, g_map, upload[-1][:, :d]), step.is_real))
     out = {"sent rows vs weight gradients": max(float(np.mean(v)) for v in per_weight.values())}
     if feature_map:
         out["feature map"] = float(np.mean(feature_map))
