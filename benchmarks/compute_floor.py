@@ -4,7 +4,8 @@
         [--users-per-node 1 8 32 128] [--rounds 6]
 
 The floor is the same users' work for one round in one process, with no Flower: the in-process runner
-(`benchmarks.direct`, the same user code and round core) on one core. Then, for each
+(`benchmarks.direct`, the same user code and round core) on one core, with the round's users batched
+(`simulation.user_batch`, as the preset sets it) and, for comparison, one user at a time. Then, for each
 `simulation.users_per_node` U, a FedGNN `flwr run` on ceil(users / U) virtual SuperNodes and the
 `trivial` job (clients echo 16 floats) on as many SuperNodes, sampling min(128, nodes) of them per
 round: Flower's own cost of a round at that node count. Median seconds per training round over rounds
@@ -47,7 +48,10 @@ def main() -> None:
     users = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
     floor = run_direct(cfg, log_every=0)
     floor_s = statistics.median(h["round_seconds"] for h in floor["history"][1:])
-    print(f"[compute_floor] floor (one process, no Flower): {floor_s:.2f} s/round", flush=True)
+    alone = run_direct(load_config(args.preset, args.dataset, [*base, "simulation.user_batch=1"]), log_every=0)
+    alone_s = statistics.median(h["round_seconds"] for h in alone["history"][1:])
+    print(f"[compute_floor] floor (one process, no Flower): {floor_s:.2f} s/round batched "
+          f"({cfg.simulation.user_batch} users), {alone_s:.2f} s/round one user at a time", flush=True)
     rows = []
     for per_node in args.users_per_node:
         nodes = math.ceil(users / per_node)
@@ -67,7 +71,9 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({"date": date.today().isoformat(), "dataset": args.dataset,
                                               "preset": args.preset, "rounds": args.rounds, "users": users,
                                               "clients_per_round": cfg.federation.clients_per_round,
-                                              "floor_rmse": floor["rmse"], "rows": rows}, indent=1))
+                                              "user_batch": cfg.simulation.user_batch, "floor_rmse": floor["rmse"],
+                                              "floor_one_at_a_time_s": alone_s, "floor_one_at_a_time_rmse": alone["rmse"],
+                                              "rows": rows}, indent=1))
     print("| users per node | SuperNodes | FedGNN round (s) | trivial round (s) | floor (s) | FedGNN / floor |")
     print("|---|---|---|---|---|---|")
     for r in rows:

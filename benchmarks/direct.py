@@ -93,7 +93,7 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
                 for u in users:
                     s, _, k = user(u).evaluate(weights, table[server.registry[u]])
                     sse, n = sse + s, n + k
-                return float(np.sqrt(sse / n))
+                return float(np.sqrt(sse / n)) * meta.dataset_scale.unit_factor  # devices report reference units
 
             rec["rmse"] = rmse()
             rec["uploads_per_user"] = rounds.upload_counts()
