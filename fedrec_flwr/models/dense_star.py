@@ -85,11 +85,12 @@ def _gcn(p: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torch
 
 
 def _gru(p: dict[str, torch.Tensor], m: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """torch.nn.GRUCell(m, h) with each user's weights; m, h [B, ..., d]."""
+    """torch.nn.GRUCell(m, h) with each user's weights; h [B, ..., d], and m either like h or [B, d]: one
+    message for every row of a user (an item node's message is its user's), transformed once, not per row."""
     gi = _rowwise(m, p["encoder.conv.rnn.weight_ih"].transpose(1, 2))
     gh = _rowwise(h, p["encoder.conv.rnn.weight_hh"].transpose(1, 2))
-    shape = [gi.shape[0]] + [1] * (gi.dim() - 2) + [gi.shape[-1]]
-    gi = gi + p["encoder.conv.rnn.bias_ih"].view(shape)
+    shape = [gh.shape[0]] + [1] * (gh.dim() - 2) + [gh.shape[-1]]
+    gi = gi.view(*gi.shape[:1], *([1] * (gh.dim() - gi.dim())), *gi.shape[1:]) + p["encoder.conv.rnn.bias_ih"].view(shape)
     gh = gh + p["encoder.conv.rnn.bias_hh"].view(shape)
     i_r, i_z, i_n = gi.chunk(3, -1)
     h_r, h_z, h_n = gh.chunk(3, -1)
@@ -102,7 +103,7 @@ def _ggnn(p: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torc
     """GatedGraphConv(num_layers=1): summed messages x_j W, then a GRU update (no self loops)."""
     w = p["encoder.conv.weight"][:, 0]  # [B, d, d]
     m_user = _rowwise((g.item_mask[..., None] * g.items).sum(1) + (g.neighbour_mask[..., None] * g.neighbours).sum(1), w)
-    m_items = _rowwise(g.user, w)[:, None].expand_as(g.items)
+    m_items = _rowwise(g.user, w)  # [B, d]: every item's message is its user's row times W
     return _gru(p, m_user, g.user), _gru(p, m_items, g.items)
 
 
