@@ -18,8 +18,11 @@ from .data import RatingDataset
 from .metrics import rmse
 
 BIAS_PASSES = 10
-BIAS_REG_USER = 10.0
-BIAS_REG_ITEM = 25.0
+# shrinkage of each bias towards zero, in pseudo-ratings: 5 and 5 are near the best of a grid
+# (0-25) on both ML-100K (0.955) and Douban (0.734, the GC-MC figure the FedGNN paper quotes),
+# so the bias model is as strong a baseline as it can be made, not a straw man
+BIAS_REG_USER = 5.0
+BIAS_REG_ITEM = 5.0
 
 
 def _group_mean(keys: np.ndarray, values: np.ndarray, size: int, reg: float = 0.0) -> np.ndarray:
