@@ -1,7 +1,8 @@
 """The deployment test: a real SuperLink with TLS and SuperNode auth, SuperNodes, the neighbour service.
 
-About 3 minutes, so it runs under `make deploy-test` (FEDREC_DEPLOY_TEST=1), which CI calls
-after the main suite; plain `make test` skips it.
+About 7 minutes on 2 busy cores (FedGNN and FPPDM deploy at the same time; deploy/run_local.py prints
+one line per step with its wall time, shown here on failure), so it runs under `make deploy-test`
+(FEDREC_DEPLOY_TEST=1), which CI calls after the main suite; plain `make test` skips it.
 """
 
 from __future__ import annotations
