@@ -127,7 +127,12 @@ class DomainTrainer:
 
     def train(self, server_round: int, global_ids: np.ndarray, global_mu: np.ndarray, global_sigma: np.ndarray) -> float:
         """`local_epochs` epochs of hinge(margin + W2(u,pos) - W2(u,neg)) + lambda_P W2(u, global u)
-        (+ lambda_C W2(u, its cluster) for FPPDM++)."""
+        (+ lambda_C W2(u, its cluster) for FPPDM++).
+
+        Every step propagates the current parameters afresh (as the paper does); with
+        `fppdm.training.row_propagation` (CPU) it computes only the rows of the propagation its batch's
+        users and items depend on, which gives the same values and gradients as the whole graph.
+        """
         d, f, cc = self.data, self.training, self.coclustering
         rng = np.random.default_rng([self.seed, self.domain_index, server_round])
         rows = f.row_propagation and self.model.rows_supported()
