@@ -102,6 +102,9 @@ def batched_local_gradients(users: list[FedGNNUser], rows: list[np.ndarray], rng
     row_grad = torch.zeros_like(items_x)
     losses = np.zeros((cfg.local.steps, b))
     sizes = np.array([t for t, _ in counts])
+    # uploads carry the gradient of the summed loss with local.loss = "sum": each user's scale is its pick's size
+    picked = np.minimum(sizes, cfg.local.batch_size).astype(np.float32)
+    scale = torch.from_numpy(picked if cfg.local.loss == "sum" else np.ones(b, np.float32)).to(device)
     for s in range(cfg.local.steps):
         weight = np.zeros((b, width), np.float32)
         for k, (rng, t) in enumerate(zip(rngs, sizes)):
@@ -113,8 +116,6 @@ def batched_local_gradients(users: list[FedGNNUser], rows: list[np.ndarray], rng
         grads = torch.autograd.grad(per_user.sum(), [*leaves, items_x, user_x, *([offset] if private else [])])
         if private:
             *grads, g_offset = grads
-        picked = np.minimum(sizes, cfg.local.batch_size).astype(np.float32)
-        scale = torch.from_numpy(picked if cfg.local.loss == "sum" else np.ones(b, np.float32)).to(device)
         step = [expand(scale, g) * g for g in grads[: len(leaves) + 1]]
         if delta:
             step = [torch.clamp(g, -cfg.privacy.clip_delta, cfg.privacy.clip_delta) for g in step]
@@ -163,7 +164,7 @@ def train_users(users: list[FedGNNUser], weights: list[np.ndarray], rows: list[n
     generators = [torch.Generator().manual_seed(int(rng.integers(2**62))) for rng in rngs]
     steps: list[LocalStep | None] = [None] * len(users)
     active = [k for k, u in enumerate(users) if u.data.train_items.size]
-    for k in set(range(len(users))) - set(active):  # nothing to learn from: the one-user path's zero upload
+    for k in (k for k, u in enumerate(users) if not u.data.train_items.size):  # nothing to learn from: zero upload
         steps[k] = local_gradients(users[k].cfg, users[k].model, users[k].state, users[k].data, rows[k], rngs[k], device)
     active.sort(key=lambda k: users[k].data.train_items.size)
     for start in range(0, len(active), batch):
