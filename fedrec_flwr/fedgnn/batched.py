@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fedrec_flwr.fedgnn.protocol import RoundConfig
-from fedrec_flwr.fedgnn.user import FedGNNUser, LocalStep, build_upload, local_gradients, set_weights, user_rng
+from fedrec_flwr.fedgnn.user import FedGNNUser, LocalStep, local_gradients, set_weights
 from fedrec_flwr.models.dense_star import DenseStars, dense_predict, per_user_copies
 from fedrec_flwr.models.rating_gnn import row_width
 
@@ -154,14 +154,12 @@ def train_users(users: list[FedGNNUser], weights: list[np.ndarray], rows: list[n
     the local steps of up to `batch` users computed together (batch <= 1: one user at a time)."""
     if batch <= 1:
         return [u.train(weights, r, server_round, round_config) for u, r in zip(users, rows)]
-    for u in users:
-        if round_config is not None and round_config.refresh_neighbours and round_config.expansion is not None:
-            u.expand(round_config.expansion, round_config.retries, submit=True, fetch=True, server_round=server_round)
+    started = [u.begin_train(server_round, round_config) for u in users]
+    rngs = [rng for rng, _ in started]
+    generators = [torch.Generator().manual_seed(seed) for _, seed in started]
     device = users[0].device
     set_weights(users[0].model, weights)
     rows = [u.item_rows(r) for u, r in zip(users, rows)]
-    rngs = [user_rng(u.cfg.seed, u.user, 1, server_round) for u in users]
-    generators = [torch.Generator().manual_seed(int(rng.integers(2**62))) for rng in rngs]
     steps: list[LocalStep | None] = [None] * len(users)
     active = [k for k, u in enumerate(users) if u.data.train_items.size]
     for k in (k for k, u in enumerate(users) if not u.data.train_items.size):  # nothing to learn from: zero upload
@@ -173,10 +171,4 @@ def train_users(users: list[FedGNNUser], weights: list[np.ndarray], rows: list[n
                                       [generators[k] for k in group], device)
         for k, step in zip(group, out):
             steps[k] = step
-    uploads = []
-    for u, step, rng in zip(users, steps, rngs):
-        u.state.embedding = step.embedding.astype(np.float32)
-        u.state.offset = step.offset
-        u.store.save(u.user, u.state, server_round)
-        uploads.append(build_upload(u.cfg, u.state, u.data, step.model_grads, step.real_rows, rng))
-    return uploads
+    return [u.finish_train(step, rng, server_round) for u, step, rng in zip(users, steps, rngs)]

@@ -363,20 +363,30 @@ class FedGNNUser:
         self.store.save(self.user, self.state, server_round)
         return int(self.state.neighbours.shape[0])
 
-    def train(self, weights: list[np.ndarray], rows: np.ndarray, server_round: int,
-              round_config: RoundConfig | None = None) -> list[np.ndarray]:
-        """One local step on the current global model; returns the protected upload [*grads, ids, rows]."""
+    def begin_train(self, server_round: int, round_config: RoundConfig | None = None) -> tuple[np.random.Generator, int]:
+        """Start this user's training round: refresh its neighbours if the round asks, and return its stream
+        for the round (seed, user, 1, round) with the seed of its dropout masks, drawn first from that stream."""
         if round_config is not None and round_config.refresh_neighbours and round_config.expansion is not None:
             self.expand(round_config.expansion, round_config.retries, submit=True, fetch=True, server_round=server_round)
-        set_weights(self.model, weights)
         rng = user_rng(self.cfg.seed, self.user, 1, server_round)
-        torch.manual_seed(int(rng.integers(2**62)))  # dropout masks: a function of (seed, user, round) too
-        step = local_gradients(self.cfg, self.model, self.state, self.data, self.item_rows(rows), rng, self.device)
-        grads, real_rows = step.model_grads, step.real_rows
+        return rng, int(rng.integers(2**62))
+
+    def finish_train(self, step: LocalStep, rng: np.random.Generator, server_round: int) -> list[np.ndarray]:
+        """Keep the step's private state and return the protected upload [*grads, ids, rows] (pseudo rows and
+        LDP drawn from the rest of the round's stream `rng`)."""
         self.state.embedding = step.embedding.astype(np.float32)
         self.state.offset = step.offset
         self.store.save(self.user, self.state, server_round)
-        return build_upload(self.cfg, self.state, self.data, grads, real_rows, rng)
+        return build_upload(self.cfg, self.state, self.data, step.model_grads, step.real_rows, rng)
+
+    def train(self, weights: list[np.ndarray], rows: np.ndarray, server_round: int,
+              round_config: RoundConfig | None = None) -> list[np.ndarray]:
+        """One local step on the current global model; returns the protected upload [*grads, ids, rows]."""
+        rng, dropout_seed = self.begin_train(server_round, round_config)
+        set_weights(self.model, weights)
+        torch.manual_seed(dropout_seed)  # dropout masks: a function of (seed, user, round) too
+        step = local_gradients(self.cfg, self.model, self.state, self.data, self.item_rows(rows), rng, self.device)
+        return self.finish_train(step, rng, server_round)
 
     def evaluate(self, weights: list[np.ndarray], rows: np.ndarray) -> ErrorSums:
         """(SSE, SAE, n) on the user's own test ratings."""
