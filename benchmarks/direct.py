@@ -18,7 +18,7 @@ from benchmarks.run import input_errors_exit
 from fedrec_flwr.config import load_config, parse_overrides
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.batched import train_users
-from fedrec_flwr.fedgnn.protocol import published_popularity, split_download, users_array
+from fedrec_flwr.fedgnn.protocol import frame_train_upload, frame_users, published_popularity, split_download
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
@@ -30,9 +30,10 @@ from fedrec_flwr.models import build_model
 def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int], FedGNNUser]) -> None:
     """Rounds before training, one node per user: popularity reports (if the sampler needs them), then registration."""
     if rounds.first_round == 0:
-        rounds.popularity(0, [NodeReply(u, [users_array([u]), user(u).report_popularity()]) for u in users], time.time())
+        rounds.popularity(0, [NodeReply(u, frame_users([u], [[user(u).report_popularity()]], 1)) for u in users],
+                          time.time())
     popularity = published_popularity(rounds.server.registration_download(), rounds.server.num_items)
-    rounds.register(1, [NodeReply(u, [users_array([u]), user(u).register(popularity)]) for u in users], time.time())
+    rounds.register(1, [NodeReply(u, frame_users([u], [[user(u).register(popularity)]], 1)) for u in users], time.time())
 
 
 def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,
@@ -70,12 +71,8 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
         _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
         uploads = dict(zip(hosted, train_users([user(u) for u in hosted], weights, rows, rnd, None,
                                                cfg.simulation.user_batch)))
-        replies = []
-        for node, us in plan.items():
-            upload = [users_array(us)]
-            for u in us:
-                upload += uploads[u] if tamper is None else tamper(u, rnd, uploads[u])
-            replies.append(NodeReply(node, upload))
+        replies = [NodeReply(node, frame_train_upload(us, [uploads[u] if tamper is None else tamper(u, rnd, uploads[u])
+                                                           for u in us])) for node, us in plan.items()]
         out = rounds.train(rnd, replies, [], t0, 0.0)
         rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": out["accepted"], "rejected": out["rejected"]}
         if rounds.is_eval_round(rnd - 1 == cfg.federation.rounds):

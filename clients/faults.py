@@ -14,7 +14,7 @@ from flwr.client import NumPyClient
 
 from clients.fedgnn import FedGNNClient
 from fedrec_flwr.config import FaultConfig
-from fedrec_flwr.fedgnn.protocol import PHASE_TRAIN, RoundConfig, split_download
+from fedrec_flwr.fedgnn.protocol import PHASE_TRAIN, TRAIN_GRADIENTS, RoundConfig, split_download
 
 
 class InjectedCrash(RuntimeError):
@@ -62,7 +62,8 @@ class FaultyFedGNNClient(NumPyClient):
         self.plan.before_fit(users, round_config.round)
         upload, n, metrics = self.inner.fit(parameters, config)
         if self.plan.corrupt(users, round_config.round):
-            upload[1] = np.full_like(upload[1], np.nan)  # a malformed update the server must reject
+            grads = upload[TRAIN_GRADIENTS]  # the node's users' model gradients, packed: poison the first user's
+            grads[: grads.size // len(users)] = np.nan  # a malformed update the server must reject
         return upload, n, metrics
 
     def evaluate(self, parameters, config):

@@ -26,9 +26,10 @@ from fedrec_flwr.fedgnn.protocol import (
     PHASE_REGISTER,
     PHASE_TRAIN,
     RoundConfig,
+    frame_train_upload,
+    frame_users,
     published_popularity,
     split_download,
-    users_array,
 )
 from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, UserStore
 from fedrec_flwr.models import build_model
@@ -61,11 +62,12 @@ class FedGNNClient(NumPyClient):
         self.store.begin_round(rc)
         if rc.phase == PHASE_POPULARITY:
             reports = [self._user(u).report_popularity() for u in self.user_ids]
-            return [users_array(self.user_ids), *reports], len(reports), {"phase": rc.phase}
+            return frame_users(self.user_ids, [[r] for r in reports], 1), len(reports), {"phase": rc.phase}
         if rc.phase == PHASE_REGISTER:
             popularity = published_popularity(parameters, self.meta.num_items)
             users = [self._user(u) for u in self.user_ids]
-            return [users_array(self.user_ids), *[u.register(popularity) for u in users]], len(users), {"phase": rc.phase}
+            sets = [[u.register(popularity)] for u in users]
+            return frame_users(self.user_ids, sets, 1), len(users), {"phase": rc.phase}
         if rc.phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
             if rc.expansion is None:
                 raise ValueError(f"phase {rc.phase} without a neighbour-service link in the server config")
@@ -73,10 +75,9 @@ class FedGNNClient(NumPyClient):
                                            rc.phase == PHASE_EXPAND_FETCH, rc.round) for u in self.user_ids]
             return [], len(counts), {"phase": rc.phase, "neighbours": int(sum(counts)), "users": len(counts)}
         weights, users, rows = split_download(parameters, self.num_weights)
-        upload = [users_array(users)]
-        for part in train_users([self._user(int(u)) for u in users], weights, rows, rc.round, rc,
-                                self.cfg.simulation.user_batch):
-            upload += part
+        parts = train_users([self._user(int(u)) for u in users], weights, rows, rc.round, rc,
+                            self.cfg.simulation.user_batch)
+        upload = frame_train_upload(users, parts)
         p = self.cfg.privacy
         eps = epsilon_per_coordinate(p.clip_delta, p.noise_lambda) if p.ldp else float("inf")
         return upload, len(users), {"phase": PHASE_TRAIN, "epsilon_per_coordinate": eps}

@@ -8,7 +8,14 @@ from scipy import stats
 
 from clients.fedgnn import FedGNNClient
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN
+from fedrec_flwr.fedgnn.protocol import (
+    PHASE_REGISTER,
+    PHASE_TRAIN,
+    TRAIN_FIELDS,
+    frame_download,
+    model_gradients,
+    split_users,
+)
 from fedrec_flwr.fedgnn.user import MemoryStore
 from fedrec_flwr.models import build_model
 from fedrec_flwr.privacy import clip_linf, privatize, pseudo_gradient_rows
@@ -64,20 +71,22 @@ def test_upload_hides_embedding_ratings_and_count(tiny_cfg):
     store = MemoryStore()
     client = FedGNNClient(cfg, meta, [5], parts.user, store)
     reg, n, reg_metrics = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
-    assert n == 1 and len(reg) == 2 and reg[0].tolist() == [5]  # [users, ids of user 5]
-    ids = reg[1:]
+    assert n == 1 and reg[0].tolist() == [5]  # [users, set sizes, the ids of user 5]
+    ids = [split_users(reg, 1)[0][1][0]]
     assert np.all(np.isin(data.train_items, ids[0])) and ids[0].size >= cfg.privacy.pseudo_items
     assert ids[0].size >= 2 * data.train_items.size  # at least as many pseudo rows as real ones
     weights, rows = _payload(cfg, meta, store.load(5))
-    upload, n, metrics = client.fit([*weights, np.array([5]), rows], {"phase": PHASE_TRAIN, "round": 2})
+    upload, n, metrics = client.fit(frame_download(weights, [5], [rows]), {"phase": PHASE_TRAIN, "round": 2})
     emb = store.load(5).embedding
     assert n == 1 and set(metrics) == {"phase", "epsilon_per_coordinate"}  # no rating count, no loss
-    assert upload[0].tolist() == [5]  # the framing names the user, whom the server knows anyway
-    upload = upload[1:]
-    assert np.array_equal(upload[-2], np.sort(upload[-2]))  # ids sorted: position marks nothing
+    (user, (flat, sent_ids, sent_rows)), = split_users(upload, TRAIN_FIELDS)
+    assert user == 5  # the framing names the user, whom the server knows anyway
+    assert np.array_equal(sent_ids, np.sort(sent_ids))  # ids sorted: position marks nothing
     floats = [np.ravel(a).astype(np.float64) for a in upload if np.issubdtype(np.asarray(a).dtype, np.floating)]
     ints = [a for a in upload if np.issubdtype(np.asarray(a).dtype, np.integer)]
-    assert len(ints) == 1 and np.array_equal(ints[0], store.load(5).anonymity_ids)  # ids: the registered set only
+    n_set = store.load(5).anonymity_ids.size  # ints: the user, the block sizes (public shapes) and the registered set
+    assert len(ints) == 5 and [upload[i].tolist() for i in (0, 1, 3, 5)] == [[5], [flat.size], [n_set], [n_set]]
+    assert np.array_equal(upload[4], store.load(5).anonymity_ids)
     values = np.concatenate(floats)
     assert not np.isin(np.round(emb, 5), np.round(values, 5)).any(), "user embedding values appear in the upload"
     for secret in (data.train_values, data.test_values):
@@ -143,8 +152,11 @@ def test_a_user_without_training_ratings_sends_a_valid_upload(tiny_cfg):
     store = MemoryStore()
     client = FedGNNClient(cfg, meta, [7], lambda u: empty, store)
     reg, _, _ = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
+    ids = split_users(reg, 1)[0][1][0]
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
-    server.register(7, reg[1])
-    upload, _, _ = client.fit([*server.model_weights(), np.array([7]), server.rows_for(7)], {"phase": PHASE_TRAIN, "round": 2})
-    update = server.validate(7, upload[1:])  # raises UploadRejected on NaN/Inf
-    assert update.rows.shape == (reg[1].size, cfg.model.dim) and np.isfinite(update.rows).all()
+    server.register(7, ids)
+    download = frame_download(server.model_weights(), [7], [server.rows_for(7)])
+    upload, _, _ = client.fit(download, {"phase": PHASE_TRAIN, "round": 2})
+    (_, (flat, sent_ids, rows)), = split_users(upload, TRAIN_FIELDS)
+    update = server.validate(7, [*model_gradients(flat, server.model_shapes), sent_ids, rows])  # UploadRejected on NaN/Inf
+    assert update.rows.shape == (ids.size, cfg.model.dim) and np.isfinite(update.rows).all()

@@ -14,6 +14,7 @@ from clients.faults import with_faults
 from clients.fedgnn import FedGNNClient
 from clients.user_store import NodeStateStore, UserStateFiles
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.protocol import TRAIN_FIELDS, frame_users, split_users
 from fedrec_flwr.models import build_model
 from fedrec_flwr.results import RunRecorder
 from strategies.fedgnn import FedGNNStrategy
@@ -197,8 +198,8 @@ def test_undecodable_uploads_and_unsampled_users_are_rejected_not_fatal(tiny_cfg
     arrays, n, m = nodes[proxy.node_id].fit(parameters_to_ndarrays(fit_ins.parameters), fit_ins.config)
     sampled = set(arrays[0].tolist())
     other = next(u for u in strategy.registry.live_users({proxy.node_id}) if u not in sampled)
-    per_user = (len(arrays) - 1) // len(sampled)
-    forged = [np.array([*arrays[0], other]), *arrays[1:], *arrays[1 : 1 + per_user]]  # a copy sent as `other`
+    parts = split_users(arrays, TRAIN_FIELDS)
+    forged = frame_users([*(u for u, _ in parts), other], [*(p for _, p in parts), parts[0][1]], TRAIN_FIELDS)  # a copy as `other`
     garbage = Parameters(tensors=[b"\x80\x04not an array"], tensor_type="numpy.ndarray")
     results = [(Proxy(proxy.node_id), FitRes(OK, ndarrays_to_parameters(forged), n, m)),
                (Proxy(999), FitRes(OK, garbage, 1, {}))]
@@ -207,3 +208,23 @@ def test_undecodable_uploads_and_unsampled_users_are_rejected_not_fatal(tiny_cfg
     assert any(f"user {other} was not sampled in round 2" in r for r in reasons)
     assert any("node 999: undecodable upload" in r for r in reasons)
     assert metrics["accepted"] == len(sampled) and metrics["applied"] == 1  # the honest users still count
+
+
+def test_a_nodes_state_keeps_each_users_state_exactly_and_refuses_damaged_bytes():
+    from clients.user_store import decode_state, encode_state
+    from fedrec_flwr.fedgnn.user import UserState
+
+    rng = np.random.default_rng(0)
+    st = UserState(rng.random(8, dtype=np.float32), np.array([1, 5, 9]), rng.random((3, 8), dtype=np.float32),
+                   "0f" * 16, -0.375)
+    store = NodeStateStore(RecordDict())
+    store.save(4, st)
+    back = store.load(4)
+    for a, b in ((back.embedding, st.embedding), (back.anonymity_ids, st.anonymity_ids), (back.neighbours, st.neighbours)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert (back.handle, back.offset) == (st.handle, st.offset) and store.load(5) is None
+    blob = encode_state(st)
+    negative = np.array([-1, 3, 3, 8, 16], "<i8").tobytes() + blob[40:]
+    for damaged in (blob[:-1], blob + b"\0", b"", blob[:30], negative):
+        with pytest.raises(ValueError, match="stored user state"):
+            decode_state(damaged)

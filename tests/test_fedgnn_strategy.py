@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedrec_flwr.fedgnn.protocol import frame_users, model_gradients, split_users
 from fedrec_flwr.fedgnn.rounds import validate_registration
 from fedrec_flwr.fedgnn.server import merge_item_gradients, validate_upload
 from fedrec_flwr.messages import UploadRejected
@@ -55,9 +56,29 @@ def test_too_few_rows_and_changed_set_rejected():
     with pytest.raises(UploadRejected, match="differ from the anonymity set"):
         validate_upload(good(), SHAPES, 4, 10, 3, np.array([1, 4, 8]))
     with pytest.raises(UploadRejected, match="fewer than the required"):
-        validate_registration([np.array([0]), np.array([1, 2])], 10, 3)
-    with pytest.raises(UploadRejected, match="names 2 users and needs 3 arrays"):
-        validate_registration([np.array([0, 1]), np.array([1, 2, 3])], 10, 3)
+        validate_registration(frame_users([0], [[np.array([1, 2])]], 1), 10, 3)
+
+
+def test_a_forged_frame_is_refused_before_any_user_is_read():
+    users, sizes, ids = frame_users([0, 1], [[np.array([1, 2, 3])], [np.array([4, 5, 6])]], 1)
+    assert [(u, b[0].tolist()) for u, b in split_users([users, sizes, ids], 1)] == [(0, [1, 2, 3]), (1, [4, 5, 6])]
+    for forged, why in (([users, sizes + [1, 0], ids], "do not add up"), ([users, np.array([-1, 7]), ids], "do not add up"),
+                        ([users, np.array([9, -3]), ids], "do not add up"), ([users, sizes[:1], ids], "sizes must be 2"),
+                        ([users, sizes.astype(float), ids], "sizes must be 2 integers"),
+                        ([np.array([0, 0]), sizes, ids], "duplicate user ids"), ([users, sizes], "must have 3 arrays"),
+                        ([users.astype(float), sizes, ids], "integer array of user ids"),
+                        ([users, sizes, np.array(7)], "do not add up")):
+        with pytest.raises(UploadRejected, match=why):
+            validate_registration(forged, 10, 3)
+
+
+def test_flat_model_gradients_must_have_the_models_length():
+    flat = np.arange(2 * 3 + 4, dtype=np.float32)
+    grads = model_gradients(flat, [(2, 3), (4,)])
+    assert [g.shape for g in grads] == [(2, 3), (4,)] and grads[1].tolist() == [6, 7, 8, 9]
+    for bad in (flat[:-1], flat.reshape(2, 5), np.append(flat, 1.0)):
+        with pytest.raises(UploadRejected, match="model gradients have shape"):
+            model_gradients(bad, [(2, 3), (4,)])
 
 
 def test_server_step_does_not_depend_on_arrival_order(tiny_cfg):

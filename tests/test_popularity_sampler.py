@@ -123,7 +123,7 @@ def test_a_forged_report_is_refused_and_counted(tiny_cfg):
     def forged(parameters, config):
         arrays, n, metrics = honest(parameters, config)
         if config["phase"] == "popularity":
-            arrays[1] = np.full_like(arrays[1], 3)  # a count, not a bit: would inflate the item counts
+            arrays[2] = np.full_like(arrays[2], 3)  # packed reports: a count, not a bit, would inflate the item counts
         return arrays, n, metrics
 
     nodes[1].fit = forged
@@ -151,7 +151,7 @@ def test_exhausted_strata_are_topped_up_to_the_servers_minimum():
 
 
 def test_only_the_node_that_reported_for_a_user_may_register_it(tiny_cfg):
-    from fedrec_flwr.fedgnn.protocol import users_array
+    from fedrec_flwr.fedgnn.protocol import frame_users
     from fedrec_flwr.fedgnn.registry import UserRegistry
     from fedrec_flwr.fedgnn.rounds import FedGNNRounds
     from fedrec_flwr.fedgnn.server import FedGNNServer
@@ -160,8 +160,8 @@ def test_only_the_node_that_reported_for_a_user_may_register_it(tiny_cfg):
     cfg = tiny_cfg("privacy.pseudo_sampler=popularity")
     server = FedGNNServer.from_config(cfg, 80, 3.0)
     rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(60), 4.0)
-    rounds.popularity(0, [NodeReply(1, [users_array([5]), np.zeros(80, np.uint8)])], 0.0)
-    rounds.register(1, [NodeReply(2, [users_array([5]), np.arange(10, dtype=np.int32)])], 0.0)
+    rounds.popularity(0, [NodeReply(1, frame_users([5], [[np.zeros(80, np.uint8)]], 1))], 0.0)
+    rounds.register(1, [NodeReply(2, frame_users([5], [[np.arange(10, dtype=np.int32)]], 1))], 0.0)
     assert 5 not in server.registry and "popularity report from another node" in rounds.rejections[-1][1]
-    rounds.register(1, [NodeReply(1, [users_array([5]), np.arange(10, dtype=np.int32)])], 0.0)
+    rounds.register(1, [NodeReply(1, frame_users([5], [[np.arange(10, dtype=np.int32)]], 1))], 0.0)
     assert 5 in server.registry

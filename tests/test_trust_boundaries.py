@@ -15,6 +15,7 @@ from fedrec_flwr.fedgnn.bounds import (
     ldp_coordinate_bound,
 )
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError
+from fedrec_flwr.fedgnn.protocol import frame_train_upload
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer, robust_location, validate_upload
@@ -141,7 +142,7 @@ def test_a_robust_merge_round_ignores_one_scaled_upload(tiny_cfg):
                 (rng.normal(0, 0.01, (20, cfg.model.dim)) * scale).astype(np.float32)]
 
     rounds.plan_train(2, {100 + u for u in range(4)})  # all four are sampled (128 per round)
-    replies = [NodeReply(100 + u, [np.array([u]), *part(u, 1e4 if u == 3 else 1.0)]) for u in range(4)]
+    replies = [NodeReply(100 + u, frame_train_upload([u], [part(u, 1e4 if u == 3 else 1.0)])) for u in range(4)]
     rounds.train(2, replies, [], time.time(), 0.0)
     moved = max(float(np.abs(a - b).max()) for a, b in zip(before, rounds.server.model_weights()))
     assert 0 < moved < 0.05  # SGD lr 0.01 on a median gradient of size ~0.01

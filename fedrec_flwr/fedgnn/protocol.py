@@ -1,18 +1,22 @@
 """The FedGNN wire format shared by the client and the strategy.
 
 A message addresses the k users a node hosts (k = 1 on a deployed device; more when a
-simulation multiplexes users onto nodes). Each user's part is framed separately, so every
-user's upload is validated, and protected, on its own.
+simulation multiplexes users onto nodes). Each user's part is its own block, so every user's upload
+is validated, and protected, on its own; the blocks of all k users travel packed in a few arrays
+(`frame_users`): [users (int64[k]), then per field: its k block sizes (int64[k]) and the k blocks
+concatenated along their first axis]. A message therefore has the same handful of arrays whatever
+k is, which keeps Flower's per-array (de)serialisation off a simulated node's round.
 
-Server -> client (fit "train" and evaluate): [*model weights, users (int64[k]), rows_1..rows_k]
-where rows_j are the global embeddings of user j's anonymity set, in ascending item-id order.
+Server -> client (fit "train" and evaluate): [*model weights, then users with one field: the global
+rows of each user's anonymity set, in ascending item-id order].
 
-Client -> server (fit, phase "train"): [users, then per user: *model gradients, item ids,
-item-row gradients], all protected by LDP; ids are the whole anonymity set, sorted, so
-nothing marks the real items. Phase "register": [users, ids_1..ids_k]; its download is empty, or,
-with the popularity-matched sampler, [published item counts (float32[num_items])]. Phase
-"popularity" (round 0, only with that sampler; nothing down): [users, report_1..report_k], each
-an LDP report of the user's items (uint8[num_items], `fedrec_flwr.privacy.popularity`).
+Client -> server (fit, phase "train"): users with three fields: the model gradients flattened into
+one vector (in the model's parameter order), the item ids, the item-row gradients; all protected
+by LDP; ids are the whole anonymity set, sorted, so nothing marks the real items. Phase
+"register": users with one field, the ids; its download is empty, or, with the popularity-matched
+sampler, [published item counts (float32[num_items])]. Phase "popularity" (round 0, only with that
+sampler; nothing down): users with one field, each an LDP report of the user's items
+(uint8[num_items], `fedrec_flwr.privacy.popularity`).
 num_examples is the number of users: a count of ratings would tell the server how many items a
 user rated.
 
@@ -107,20 +111,77 @@ def users_array(users) -> np.ndarray:
     return np.asarray(list(users), np.int64).reshape(-1)
 
 
+def frame_users(users, parts: list[list[np.ndarray]], fields: int) -> list[np.ndarray]:
+    """[users, then per field: block sizes, blocks concatenated]: the k users' parts (each a list of
+    `fields` arrays) packed into 1 + 2 * fields arrays."""
+    users = users_array(users)
+    if len(parts) != users.size or any(len(p) != fields for p in parts):
+        raise ValueError(f"{users.size} users need {users.size} parts of {fields} arrays each")
+    out = [users]
+    for f in range(fields):
+        blocks = [np.atleast_1d(p[f]) for p in parts]
+        out.append(np.array([b.shape[0] for b in blocks], np.int64))
+        out.append(np.concatenate(blocks) if blocks else np.zeros(0, np.float32))
+    return out
+
+
+def split_users(arrays: list[np.ndarray], fields: int) -> list[tuple[int, list[np.ndarray]]]:
+    """[(user, its `fields` blocks)] of a message framed by `frame_users`; UploadRejected naming what is off.
+
+    The framing is checked here (unique integer user ids, one non-negative size per user and field,
+    sizes that add up to the packed length); each user's blocks are then validated on their own."""
+    if len(arrays) != 1 + 2 * fields:
+        raise UploadRejected(f"message must have {1 + 2 * fields} arrays (users, then sizes and blocks of "
+                             f"{fields} field(s)), got {len(arrays)}")
+    users = np.asarray(arrays[0])
+    if users.ndim != 1 or not np.issubdtype(users.dtype, np.integer):
+        raise UploadRejected(f"message must start with a 1-D integer array of user ids, got {users.dtype} {users.shape}")
+    if np.unique(users).size != users.size:
+        raise UploadRejected("duplicate user ids in one message")
+    per_field = []
+    for f in range(fields):
+        sizes, packed = np.asarray(arrays[1 + 2 * f]), np.asarray(arrays[2 + 2 * f])
+        if sizes.shape != users.shape or not np.issubdtype(sizes.dtype, np.integer):
+            raise UploadRejected(f"field {f}: sizes must be {users.size} integers, got {sizes.dtype} {sizes.shape}")
+        if packed.ndim < 1 or (sizes.size and (sizes.min() < 0 or sizes.max() > packed.shape[0])) \
+                or int(sizes.sum()) != packed.shape[0]:
+            raise UploadRejected(f"field {f}: sizes {sizes[:5].tolist()}... do not add up to the "
+                                 f"{packed.shape[0] if packed.ndim else 0} packed rows")
+        per_field.append(np.split(packed, np.cumsum(sizes)[:-1]) if sizes.size else [])
+    return [(int(u), [blocks[j] for blocks in per_field]) for j, u in enumerate(users)]
+
+
 def frame_download(weights: list[np.ndarray], users: list[int], rows: list[np.ndarray]) -> list[np.ndarray]:
-    """[*weights, users, rows per user]: what one node receives for its sampled users."""
-    return [*weights, users_array(users), *rows]
+    """[*weights, users, rows per user packed]: what one node receives for its sampled users."""
+    return [*weights, *frame_users(users, [[r] for r in rows], 1)]
 
 
 def split_download(arrays: list[np.ndarray], num_weights: int) -> tuple[list[np.ndarray], np.ndarray, list[np.ndarray]]:
     """(model weights, users, rows per user) of a framed download; ValueError if the framing is off."""
-    if len(arrays) < num_weights + 1:
-        raise ValueError(f"download has {len(arrays)} arrays, expected >= {num_weights + 1} (weights, users, rows)")
-    users = np.asarray(arrays[num_weights])
-    rows = list(arrays[num_weights + 1 :])
-    if users.ndim != 1 or len(rows) != users.size:
-        raise ValueError(f"download names {users.size} users but carries {len(rows)} row blocks")
-    return list(arrays[:num_weights]), users.astype(np.int64), rows
+    if len(arrays) < num_weights:
+        raise ValueError(f"download has {len(arrays)} arrays, expected {num_weights} weights, users and rows")
+    parts = split_users(list(arrays[num_weights:]), 1)
+    return list(arrays[:num_weights]), users_array([u for u, _ in parts]), [blocks[0] for _, blocks in parts]
+
+
+def frame_train_upload(users, parts: list[list[np.ndarray]]) -> list[np.ndarray]:
+    """A training reply: each user's [*model grads, ids, rows] as [flat grads, ids, rows], packed."""
+    flat = [[np.concatenate([np.asarray(g).ravel() for g in p[:-2]]), p[-2], p[-1]] for p in parts]
+    return frame_users(users, flat, TRAIN_FIELDS)
+
+
+TRAIN_FIELDS = 3  # a training reply's fields per user: flat model gradients, item ids, item rows
+TRAIN_GRADIENTS = 2  # index of the packed model gradients in a training reply
+
+
+def model_gradients(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+    """One user's flat model gradients cut into the model's shapes; UploadRejected if the length is off."""
+    flat = np.asarray(flat)
+    want = sum(int(np.prod(s)) for s in shapes)
+    if flat.shape != (want,):
+        raise UploadRejected(f"model gradients have shape {flat.shape}, expected ({want},)")
+    cuts = np.cumsum([int(np.prod(s)) for s in shapes])[:-1]
+    return [part.reshape(s) for part, s in zip(np.split(flat, cuts), shapes)]
 
 
 def published_popularity(arrays: list[np.ndarray], num_items: int) -> np.ndarray | None:
@@ -131,17 +192,3 @@ def published_popularity(arrays: list[np.ndarray], num_items: int) -> np.ndarray
     if len(arrays) != 1 or counts.shape != (num_items,) or not np.all(np.isfinite(counts)):
         raise ValueError(f"registration download must be empty or one finite float array of {num_items} item counts")
     return counts
-
-
-def split_upload(arrays: list[np.ndarray], per_user: int) -> list[tuple[int, list[np.ndarray]]]:
-    """[(user, its arrays)] of a framed upload with `per_user` arrays per user; UploadRejected if malformed."""
-    if not arrays:
-        raise UploadRejected("empty upload")
-    users = np.asarray(arrays[0])
-    if users.ndim != 1 or not np.issubdtype(users.dtype, np.integer):
-        raise UploadRejected(f"upload must start with a 1-D integer array of user ids, got {users.dtype} {users.shape}")
-    if len(arrays) != 1 + per_user * users.size:
-        raise UploadRejected(f"upload names {users.size} users and needs {1 + per_user * users.size} arrays, got {len(arrays)}")
-    if np.unique(users).size != users.size:
-        raise UploadRejected("duplicate user ids in one upload")
-    return [(int(u), list(arrays[1 + j * per_user : 1 + (j + 1) * per_user])) for j, u in enumerate(users)]

@@ -44,9 +44,11 @@ from fedrec_flwr.fedgnn.protocol import (
     PHASE_POPULARITY,
     PHASE_REGISTER,
     PHASE_TRAIN,
+    TRAIN_FIELDS,
     array_bytes,
     frame_download,
-    split_upload,
+    model_gradients,
+    split_users,
 )
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.server import (
@@ -71,7 +73,7 @@ log = logging.getLogger("fedrec_flwr.fedgnn")
 
 def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: int) -> list[tuple[int, np.ndarray]]:
     """[(user, anonymity set)] of a registration message, each set checked; UploadRejected otherwise."""
-    return [(u, check_anonymity_set(a[0], num_items, min_rows)) for u, a in split_upload(arrays, 1)]
+    return [(u, check_anonymity_set(a[0], num_items, min_rows)) for u, a in split_users(arrays, 1)]
 
 
 class FedGNNRounds:
@@ -146,7 +148,7 @@ class FedGNNRounds:
         total = np.zeros(self.server.num_items, np.int64)  # a running sum: reports are not kept
         for reply in replies:
             try:
-                parts = split_upload(reply.arrays, 1)
+                parts = split_users(reply.arrays, 1)
                 self.registry.check_claim(reply.node_id, [u for u, _ in parts])
                 checked = [(u, check_report(a[0], self.server.num_items)) for u, a in parts]
             except (UploadRejected, ValueError) as exc:
@@ -205,7 +207,7 @@ class FedGNNRounds:
     def validate_reply(self, logical_round: int, reply: NodeReply) -> tuple[list[TrainUpdate], int]:
         """(accepted user parts, users the reply names) of one node's training reply; refusals are counted."""
         try:
-            parts = split_upload(reply.arrays, len(self.server.model_shapes) + 2)
+            parts = split_users(reply.arrays, TRAIN_FIELDS)
         except UploadRejected as exc:
             self.reject(logical_round, f"node {reply.node_id}: {exc}")
             return [], 0
@@ -218,7 +220,8 @@ class FedGNNRounds:
                 if planned_round != logical_round or user not in plan.get(reply.node_id, ()):
                     raise UploadRejected(f"user {user} was not sampled in round {logical_round}")
                 self.uploads[user] += 1
-                update = self.server.validate(user, arrays)
+                flat, ids, rows = arrays
+                update = self.server.validate(user, [*model_gradients(flat, self.server.model_shapes), ids, rows])
                 check_upload_bounds(self.privacy, self.merge, [*update.grads, update.rows])
                 accepted.append(update)
             except UploadRejected as exc:
