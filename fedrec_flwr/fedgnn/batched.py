@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from fedrec_flwr.fedgnn.protocol import RoundConfig
-from fedrec_flwr.fedgnn.user import FedGNNUser, LocalStep, local_gradients, set_weights
+from fedrec_flwr.fedgnn.user import FedGNNUser, LocalStep, local_gradients, ready, set_weights
 from fedrec_flwr.models.dense_star import DenseStars, dense_predict, per_user_copies
 from fedrec_flwr.models.rating_gnn import row_width
 
@@ -59,7 +59,7 @@ def batched_local_gradients(users: list[FedGNNUser], rows: list[np.ndarray], rng
                             generators: list[torch.Generator], device: torch.device) -> list[LocalStep]:
     """`local_gradients` of every user in `users` (all with rated items, same config and model) in one batch."""
     cfg, model = users[0].cfg, users[0].model
-    model = model.to(device).train()
+    model = ready(model, device, training=True)
     d, b = cfg.model.dim, len(users)
     row_bias = cfg.model.item_bias  # item rows carry b_i as a last column (width row_width = d + 1)
     counts = [(u.data.train_items.size, u.state.neighbours.shape[0]) for u in users]

@@ -30,6 +30,7 @@ The config every message carries is a `RoundConfig`; its Flower keys are defined
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -177,11 +178,14 @@ TRAIN_GRADIENTS = 2  # index of the packed model gradients in a training reply
 def model_gradients(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
     """One user's flat model gradients cut into the model's shapes; UploadRejected if the length is off."""
     flat = np.asarray(flat)
-    want = sum(int(np.prod(s)) for s in shapes)
-    if flat.shape != (want,):
-        raise UploadRejected(f"model gradients have shape {flat.shape}, expected ({want},)")
-    cuts = np.cumsum([int(np.prod(s)) for s in shapes])[:-1]
-    return [part.reshape(s) for part, s in zip(np.split(flat, cuts), shapes)]
+    sizes = [math.prod(s) for s in shapes]
+    if flat.shape != (sum(sizes),):
+        raise UploadRejected(f"model gradients have shape {flat.shape}, expected ({sum(sizes)},)")
+    out, at = [], 0
+    for size, shape in zip(sizes, shapes):
+        out.append(flat[at : at + size].reshape(shape))
+        at += size
+    return out
 
 
 def published_popularity(arrays: list[np.ndarray], num_items: int) -> np.ndarray | None:

@@ -153,6 +153,17 @@ def initial_offset(model: ModelConfig, meta: PartitionMeta, data: UserData) -> f
     return float(np.mean(data.train_values, dtype=np.float64) - meta.scale.midpoint)
 
 
+def ready(model: RatingGNN, device: torch.device, training: bool) -> RatingGNN:
+    """`model` on `device` in train or eval mode, touched only where it differs: `Module.to` and `train()`
+    walk every submodule even when nothing changes, which is a visible share of a simulated node's round."""
+    first = next(model.parameters(), None)
+    if first is not None and first.device != device:
+        model = model.to(device)
+    if model.training != training:
+        model.train(training)
+    return model
+
+
 def set_weights(model: RatingGNN, arrays: list[np.ndarray]) -> None:
     """Load the server's model weights into `model` (parameters in registration order)."""
     params = list(model.parameters())
@@ -195,7 +206,7 @@ def local_gradients(
     same upload once clipped.
     """
     device = device or torch.device("cpu")
-    model = model.to(device).train()
+    model = ready(model, device, training=True)
     if data.train_items.size == 0:  # nothing to learn from: zero gradients, which LDP then noises like any upload
         zeros = [np.zeros(tuple(p.shape), np.float32) for p in model.parameters()]
         return LocalStep(zeros, np.zeros((0, item_rows.shape[1]), np.float32), state.embedding.copy(), 0.0, state.offset)
@@ -285,7 +296,7 @@ def evaluate_user(
     if data.test_items.size == 0 or data.train_items.size == 0:
         return ErrorSums(0.0, 0.0, 0)
     device = device or torch.device("cpu")
-    model = model.to(device).eval()
+    model = ready(model, device, training=False)
     train_x = torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, data.train_items)]).to(device)
     query_x = torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, data.test_items)]).to(device)
     batch = build_star_batch([data.train_items.size], [data.test_items.size], [state.neighbours.shape[0]]).to(device)
