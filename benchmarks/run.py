@@ -22,6 +22,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from benchmarks.app_source import staged_app
 from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.config import ConfigError, load_config, parse_overrides
 from fedrec_flwr.data import DataError
@@ -103,12 +104,13 @@ def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> 
     ])
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-    cmd = [_flwr_binary(), "run", str(ROOT), "local", "--stream",
-           "--federation-config", federation_config(num_nodes, cfg), "--run-config", run_config]
     for stale in ("results.json", "rounds.csv"):  # an earlier run's results must never be reported as this one's
         (out / stale).unlink(missing_ok=True)
-    print("+", " ".join(cmd), flush=True)
-    returncode = stream_flwr_run(cmd, env)
+    with staged_app(ROOT, ROOT / ".cache") as app:  # the app's own files: Flower's FAB build then skips .venv
+        cmd = [_flwr_binary(), "run", str(app), "local", "--stream",
+               "--federation-config", federation_config(num_nodes, cfg), "--run-config", run_config]
+        print("+", " ".join(cmd), flush=True)
+        returncode = stream_flwr_run(cmd, env)
     results = out / "results.json"
     doc = load_results(out) if results.is_file() else {}
     if returncode != 0 or doc.get("status") != "finished":

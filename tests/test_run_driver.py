@@ -95,3 +95,27 @@ def test_out_is_optional_and_defaults_per_preset_dataset_and_seed(monkeypatch, c
     run_driver.main(argv)
     assert seen == [Path(expected)]
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"rmse": 1.0}  # the last line stays the metrics
+
+
+def test_the_staged_app_builds_the_same_fab_without_entering_ignored_folders(tmp_path):
+    """`flwr run` gets a copy of the app's own files; Flower's FAB of it equals the FAB of the project itself."""
+    import io
+    import zipfile
+
+    from flwr.cli.build import build_fab_from_disk
+
+    from benchmarks.app_source import app_files, staged_app
+
+    project = tmp_path / "project"
+    for rel, text in {"pyproject.toml": (run_driver.ROOT / "pyproject.toml").read_text(), ".gitignore": ".venv/\noutputs/\n*.pyc\n",
+                      "fedrec_flwr/app.py": "x = 1\n", "conf/a.yaml": "k: 1\n", ".venv/lib/site.py": "y = 2\n",
+                      "outputs/latest/results.json": "{}", "fedrec_flwr/app.pyc": "", "README.md": "# r\n"}.items():
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(text)
+    assert sorted(app_files(project)) == [".gitignore", "README.md", "conf/a.yaml", "fedrec_flwr/app.py", "pyproject.toml"]
+    with staged_app(project, tmp_path / "cache") as app:
+        staged = build_fab_from_disk(app)
+        assert sorted(p.relative_to(app).as_posix() for p in app.rglob("*") if p.is_file()) == sorted(app_files(project))
+    assert not any((tmp_path / "cache").iterdir())  # removed after the run
+    assert staged == build_fab_from_disk(project)
+    assert "fedrec_flwr/app.py" in zipfile.ZipFile(io.BytesIO(staged)).namelist()
