@@ -22,9 +22,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import dp_accounting
 import numpy as np
-from dp_accounting import rdp
 
 
 def epsilon_per_coordinate(clip_delta: float, noise_lambda: float) -> float:
@@ -41,6 +39,11 @@ def tight_epsilon(clip_delta: float, noise_lambda: float, mechanisms: int, delta
     basic = mechanisms * epsilon_per_coordinate(clip_delta, noise_lambda) + report_bits * report_epsilon
     if basic <= 0:
         return 0.0
+    # imported here: dp-accounting takes ~2 s to import, and every simulated ClientApp process imports
+    # this module (for epsilon_per_coordinate) but never accounts
+    import dp_accounting
+    from dp_accounting import rdp
+
     accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     if mechanisms > 0:
         accountant.compose(dp_accounting.SelfComposedDpEvent(
