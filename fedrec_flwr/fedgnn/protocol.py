@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedrec_flwr.messages import UploadRejected, array_bytes  # noqa: F401  (re-exported: part of the FedGNN wire API)
+from fedrec_flwr.messages import UploadRejected, array_bytes  # noqa: F401  (array_bytes re-exported: part of the FedGNN wire API)
 
 PHASE_POPULARITY = "popularity"  # round 0, popularity-matched sampler only: every user sends an LDP item report
 PHASE_REGISTER = "register"
