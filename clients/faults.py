@@ -61,7 +61,7 @@ class FaultyFedGNNClient(NumPyClient):
         _, users, _ = split_download(parameters, self.inner.num_weights)
         self.plan.before_fit(users, round_config.round)
         upload, n, metrics = self.inner.fit(parameters, config)
-        if self.plan.corrupt(users, round_config.round):
+        if len(users) and self.plan.corrupt(users, round_config.round):
             grads = upload[TRAIN_GRADIENTS]  # the node's users' model gradients, packed: poison the first user's
             grads[: grads.size // len(users)] = np.nan  # a malformed update the server must reject
         return upload, n, metrics

@@ -36,6 +36,8 @@ def encode_state(st: UserState) -> bytes:
     emb = np.ascontiguousarray(st.embedding, "<f4").reshape(-1)
     ids = np.ascontiguousarray(st.anonymity_ids, "<i8").reshape(-1)
     nb = np.ascontiguousarray(st.neighbours, "<f4")  # [n, d]
+    if nb.ndim != 2:
+        raise ValueError(f"user state neighbours must be [n, d], got shape {nb.shape}")
     handle = bytes.fromhex(st.handle)
     head = np.array([emb.size, ids.size, nb.shape[0], nb.shape[1], len(handle)], "<i8")
     return b"".join((head.tobytes(), emb.tobytes(), ids.tobytes(), nb.tobytes(), handle, np.float64(st.offset).tobytes()))
@@ -47,7 +49,7 @@ def decode_state(blob: bytes) -> UserState:
         raise ValueError(f"stored user state is {len(blob)} bytes, shorter than its header")
     n_emb, n_ids, n_nb, width, n_handle = (int(x) for x in np.frombuffer(blob, "<i8", _HEADER))
     sizes = (4 * n_emb, 8 * n_ids, 4 * n_nb * width, n_handle, 8)
-    if min(n_emb, n_ids, n_nb, width, n_handle) < 0 or len(blob) != 8 * _HEADER + sum(sizes):
+    if min(n_emb, n_ids, n_nb, width, n_handle) < 0 or (n_nb and not width) or len(blob) != 8 * _HEADER + sum(sizes):
         raise ValueError(f"stored user state of {len(blob)} bytes does not match its header {[n_emb, n_ids, n_nb, width, n_handle]}")
     at = 8 * _HEADER
     parts = []

@@ -225,6 +225,7 @@ def test_a_nodes_state_keeps_each_users_state_exactly_and_refuses_damaged_bytes(
     assert (back.handle, back.offset) == (st.handle, st.offset) and store.load(5) is None
     blob = encode_state(st)
     negative = np.array([-1, 3, 3, 8, 16], "<i8").tobytes() + blob[40:]
-    for damaged in (blob[:-1], blob + b"\0", b"", blob[:30], negative):
+    zero_width = np.array([0, 0, 2**60, 0, 0], "<i8").tobytes() + np.float64(0).tobytes()  # 2**60 rows of nothing
+    for damaged in (blob[:-1], blob + b"\0", b"", blob[:30], negative, zero_width):
         with pytest.raises(ValueError, match="stored user state"):
             decode_state(damaged)

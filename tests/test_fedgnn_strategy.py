@@ -67,7 +67,8 @@ def test_a_forged_frame_is_refused_before_any_user_is_read():
                         ([users, sizes.astype(float), ids], "sizes must be 2 integers"),
                         ([np.array([0, 0]), sizes, ids], "duplicate user ids"), ([users, sizes], "must have 3 arrays"),
                         ([users.astype(float), sizes, ids], "integer array of user ids"),
-                        ([users, sizes, np.array(7)], "do not add up")):
+                        ([users, sizes, np.array(7)], "do not add up"),
+                        ([np.arange(17), np.full(17, 2**60), np.empty((2**60, 0), np.float32)], "do not add up")):  # int64 sum wraps
         with pytest.raises(UploadRejected, match=why):
             validate_registration(forged, 10, 3)
 

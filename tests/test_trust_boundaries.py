@@ -15,7 +15,7 @@ from fedrec_flwr.fedgnn.bounds import (
     ldp_coordinate_bound,
 )
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError
-from fedrec_flwr.fedgnn.protocol import frame_train_upload
+from fedrec_flwr.fedgnn.protocol import frame_train_upload, frame_users
 from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer, robust_location, validate_upload
@@ -146,6 +146,24 @@ def test_a_robust_merge_round_ignores_one_scaled_upload(tiny_cfg):
     rounds.train(2, replies, [], time.time(), 0.0)
     moved = max(float(np.abs(a - b).max()) for a, b in zip(before, rounds.server.model_weights()))
     assert 0 < moved < 0.05  # SGD lr 0.01 on a median gradient of size ~0.01
+
+
+def test_a_reply_naming_more_users_than_its_node_hosts_costs_one_rejection(tiny_cfg):
+    """A few bytes of invented user ids (sizes 0, empty blocks) must not buy a rejection record per id."""
+    cfg = tiny_cfg()
+    rounds = _rounds(cfg)
+    rounds.plan_train(2, {100 + u for u in range(4)})
+    many = 100_000
+    ids, zeros = np.arange(many), np.zeros(many, np.int64)
+    forged = [ids, zeros, np.zeros(0, np.float32), zeros, np.zeros(0, np.int64), zeros,
+              np.zeros((0, cfg.model.dim), np.float32)]
+    rounds.train(2, [NodeReply(100, forged)], [], time.time(), 0.0)
+    assert [why for _, why in rounds.rejections] == ["node 100: message names 100000 users; the node may speak "
+                                                     "for at most 1"]
+    popular = FedGNNRounds.from_config(tiny_cfg("simulation.users_per_node=5"), rounds.server,
+                                       UserRegistry(40, block_size=5), rating_span=4.0)
+    popular.register(1, [NodeReply(7, frame_users(range(6), [[np.arange(20)]] * 6, 1))], time.time())
+    assert "names 6 users; the node may speak for at most 5" in popular.rejections[-1][1]
 
 
 def test_checkpoints_load_without_running_code(tmp_path):

@@ -3,8 +3,8 @@
 A message addresses the k users a node hosts (k = 1 on a deployed device; more when a
 simulation multiplexes users onto nodes). Each user's part is its own block, so every user's upload
 is validated, and protected, on its own; the blocks of all k users travel packed in a few arrays
-(`frame_users`): [users (int64[k]), then per field: its k block sizes (int64[k]) and the k blocks
-concatenated along their first axis]. A message therefore has the same handful of arrays whatever
+(`frame_users`): [users (int64[k]), then per field: its k block sizes (int64[k]; any integer dtype is
+read) and the k blocks concatenated along their first axis]. A message therefore has the same handful of arrays whatever
 k is, which keeps Flower's per-array (de)serialisation off a simulated node's round.
 
 Server -> client (fit "train" and evaluate): [*model weights, then users with one field: the global
@@ -126,17 +126,22 @@ def frame_users(users, parts: list[list[np.ndarray]], fields: int) -> list[np.nd
     return out
 
 
-def split_users(arrays: list[np.ndarray], fields: int) -> list[tuple[int, list[np.ndarray]]]:
+def split_users(arrays: list[np.ndarray], fields: int, max_users: int | None = None) -> list[tuple[int, list[np.ndarray]]]:
     """[(user, its `fields` blocks)] of a message framed by `frame_users`; UploadRejected naming what is off.
 
-    The framing is checked here (unique integer user ids, one non-negative size per user and field,
-    sizes that add up to the packed length); each user's blocks are then validated on their own."""
+    The framing is checked here (at most `max_users` unique integer user ids, one non-negative size
+    per user and field, sizes that add up to the packed length); each user's blocks are then
+    validated on their own. `max_users` is what the sending node may speak for: a message naming
+    more is refused before any block is cut, so a few bytes of ids cannot cost the server a block,
+    a log line and a rejection record per invented user."""
     if len(arrays) != 1 + 2 * fields:
         raise UploadRejected(f"message must have {1 + 2 * fields} arrays (users, then sizes and blocks of "
                              f"{fields} field(s)), got {len(arrays)}")
     users = np.asarray(arrays[0])
     if users.ndim != 1 or not np.issubdtype(users.dtype, np.integer):
         raise UploadRejected(f"message must start with a 1-D integer array of user ids, got {users.dtype} {users.shape}")
+    if max_users is not None and users.size > max_users:
+        raise UploadRejected(f"message names {users.size} users; the node may speak for at most {max_users}")
     if np.unique(users).size != users.size:
         raise UploadRejected("duplicate user ids in one message")
     per_field = []
@@ -145,7 +150,7 @@ def split_users(arrays: list[np.ndarray], fields: int) -> list[tuple[int, list[n
         if sizes.shape != users.shape or not np.issubdtype(sizes.dtype, np.integer):
             raise UploadRejected(f"field {f}: sizes must be {users.size} integers, got {sizes.dtype} {sizes.shape}")
         if packed.ndim < 1 or (sizes.size and (sizes.min() < 0 or sizes.max() > packed.shape[0])) \
-                or int(sizes.sum()) != packed.shape[0]:
+                or sum(sizes.tolist()) != packed.shape[0]:  # Python ints: an int64 sum could wrap around
             raise UploadRejected(f"field {f}: sizes {sizes[:5].tolist()}... do not add up to the "
                                  f"{packed.shape[0] if packed.ndim else 0} packed rows")
         per_field.append(np.split(packed, np.cumsum(sizes)[:-1]) if sizes.size else [])

@@ -55,6 +55,18 @@ class UserRegistry:
                 raise UploadRejected(f"a simulated node hosts exactly users {start}..{block[-1]} of its partition "
                                      f"(simulation.users_per_node = {self._block}); it claimed {len(users)} others")
 
+    def claim_limit(self, node_id: int) -> int:
+        """The most users one registration (or popularity report) from `node_id` may name: its listed users,
+        its partition's block, or (first claim wins) every user."""
+        allowed = self._entitled(node_id) if self._entitled is not None else None
+        if allowed is not None:
+            return len(allowed)
+        return self._block or self.num_users
+
+    def users_of(self, node_id: int) -> list[int]:
+        """The users bound to `node_id`, sorted (empty for a node that registered nobody)."""
+        return list(self._users_of.get(node_id, []))
+
     def bind(self, node_id: int, users: list[int]) -> None:
         """Bind `users` to `node_id` (after `check_claim`)."""
         for u in users:

@@ -71,9 +71,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedrec_flwr.fedgnn")
 
 
-def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: int) -> list[tuple[int, np.ndarray]]:
-    """[(user, anonymity set)] of a registration message, each set checked; UploadRejected otherwise."""
-    return [(u, check_anonymity_set(a[0], num_items, min_rows)) for u, a in split_users(arrays, 1)]
+def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: int,
+                          max_users: int | None = None) -> list[tuple[int, np.ndarray]]:
+    """[(user, anonymity set)] of a registration message naming at most `max_users` users, each set checked;
+    UploadRejected otherwise."""
+    return [(u, check_anonymity_set(a[0], num_items, min_rows)) for u, a in split_users(arrays, 1, max_users)]
 
 
 class FedGNNRounds:
@@ -148,7 +150,7 @@ class FedGNNRounds:
         total = np.zeros(self.server.num_items, np.int64)  # a running sum: reports are not kept
         for reply in replies:
             try:
-                parts = split_users(reply.arrays, 1)
+                parts = split_users(reply.arrays, 1, self.registry.claim_limit(reply.node_id))
                 self.registry.check_claim(reply.node_id, [u for u, _ in parts])
                 checked = [(u, check_report(a[0], self.server.num_items)) for u, a in parts]
             except (UploadRejected, ValueError) as exc:
@@ -172,7 +174,8 @@ class FedGNNRounds:
         min_rows = self.server.min_rows()
         for reply in replies:
             try:
-                claimed = validate_registration(reply.arrays, self.server.num_items, min_rows)
+                claimed = validate_registration(reply.arrays, self.server.num_items, min_rows,
+                                                self.registry.claim_limit(reply.node_id))
                 self.registry.check_claim(reply.node_id, [u for u, _ in claimed])
                 for u, _ in claimed:
                     if self.reported_by.get(u, reply.node_id) != reply.node_id:
@@ -207,7 +210,7 @@ class FedGNNRounds:
     def validate_reply(self, logical_round: int, reply: NodeReply) -> tuple[list[TrainUpdate], int]:
         """(accepted user parts, users the reply names) of one node's training reply; refusals are counted."""
         try:
-            parts = split_users(reply.arrays, TRAIN_FIELDS)
+            parts = split_users(reply.arrays, TRAIN_FIELDS, len(self.registry.users_of(reply.node_id)))
         except UploadRejected as exc:
             self.reject(logical_round, f"node {reply.node_id}: {exc}")
             return [], 0
