@@ -61,3 +61,16 @@ def test_a_run_with_sixteen_users_per_batch_matches_one_at_a_time(tmp_path):
     one, sixteen = run(1), run(16)
     assert np.isfinite(one)
     assert sixteen == pytest.approx(one, abs=1e-5)
+
+
+def test_groups_keep_padding_small_on_power_law_degrees():
+    from fedrec_flwr.fedgnn.batched import size_groups
+
+    sizes = [5, 5, 6, 6, 7, 50, 60, 400, 4000]  # sorted already; one heavy user would pad a fixed group 100-fold
+    assert size_groups(list(range(len(sizes))), sizes, batch=32) == [list(range(8)), [8]]  # 8 x 400 slots: small
+    groups = size_groups(list(range(len(sizes))), sizes, batch=32, small=0)
+    assert sorted(k for g in groups for k in g) == list(range(len(sizes)))
+    for g in groups:
+        assert len(g) * max(sizes[k] for k in g) <= 1.25 * sum(sizes[k] for k in g)
+    assert groups[0] == [0, 1, 2, 3, 4] and groups[-1] == [8]
+    assert [len(g) for g in size_groups(list(range(40)), [10] * 40, batch=16)] == [16, 16, 8]  # equal sizes: by batch

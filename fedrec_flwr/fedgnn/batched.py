@@ -5,7 +5,8 @@ streams (mini-batch picks from the user's numpy stream, dropout masks from a tor
 seeded from it, then its pseudo rows and LDP noise), the same state updates and the same
 protected upload; only the arithmetic is batched (`fedrec_flwr.models.dense_star`), so the
 numbers agree with the one-user path up to float rounding. Users are sorted by how many items
-they rated and cut into groups of at most `batch` users, so that padding stays small.
+they rated and cut into groups of at most `batch` users whose padding stays within a quarter of their
+real size, unless the group is small anyway (`size_groups`).
 
 A deployed device hosts one user and never needs this; a simulated SuperNode hosting hundreds
 of users spends most of its time here.
@@ -148,6 +149,33 @@ def batched_local_gradients(users: list[FedGNNUser], rows: list[np.ndarray], rng
             for k, (t, _) in enumerate(counts)]
 
 
+PADDING_SLACK = 1.25  # a group's padded item slots may exceed its real ones by at most this factor ...
+SMALL_GROUP_SLOTS = 4096  # ... once it has more slots than this: below it a group's fixed cost dominates
+
+
+def size_groups(order: list[int], sizes: list[int], batch: int, slack: float = PADDING_SLACK,
+                small: int = SMALL_GROUP_SLOTS) -> list[list[int]]:
+    """`order` (users by ascending `sizes`, their rated-item counts) cut into groups of at most `batch`
+    users whose padded slots (group size x its largest user) stay within `slack` x their real ones,
+    or within `small` slots in all.
+
+    A fixed cut of 32 would pad every group to its largest member: on power-law degrees (a median of
+    50 ratings, a maximum of 4,000) that is 8 times the real work. Small groups are not cut for
+    padding: there the per-group Python and kernel overhead costs more than the padded slots."""
+    groups: list[list[int]] = []
+    group: list[int] = []
+    total = 0
+    for k in order:
+        t = sizes[k]
+        padded = (len(group) + 1) * t
+        if group and (len(group) == batch or (padded > slack * (total + t) and padded > small)):
+            groups.append(group)
+            group, total = [], 0
+        group.append(k)
+        total += t
+    return groups + ([group] if group else [])
+
+
 def train_users(users: list[FedGNNUser], weights: list[np.ndarray], rows: list[np.ndarray], server_round: int,
                 round_config: RoundConfig | None = None, batch: int = 32) -> list[list[np.ndarray]]:
     """Each user's protected upload [*grads, ids, rows] for this round, as `FedGNNUser.train` gives it, with
@@ -165,8 +193,7 @@ def train_users(users: list[FedGNNUser], weights: list[np.ndarray], rows: list[n
     for k in (k for k, u in enumerate(users) if not u.data.train_items.size):  # nothing to learn from: zero upload
         steps[k] = local_gradients(users[k].cfg, users[k].model, users[k].state, users[k].data, rows[k], rngs[k], device)
     active.sort(key=lambda k: users[k].data.train_items.size)
-    for start in range(0, len(active), batch):
-        group = active[start : start + batch]
+    for group in size_groups(active, [u.data.train_items.size for u in users], batch):
         out = batched_local_gradients([users[k] for k in group], [rows[k] for k in group], [rngs[k] for k in group],
                                       [generators[k] for k in group], device)
         for k, step in zip(group, out):
