@@ -1,0 +1,225 @@
+"""Where FPPDM's gain goes on a multi-domain dataset: accuracy of shared against one-domain users, and how
+far the barycenter moves a shared user.
+
+    nice -n 10 env OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.fppdm_overlap \
+        --dataset douban-book-music --data-dir ../shared/data --seed 0
+
+Variants: single_domain, and fppdm with fppdm.training.lambda_p at 0 (fppdm_lp0), its default (fppdm)
+and 4x its default (fppdm_lp4x); `--only NAME ...` runs some of them.
+Every other setting comes from the config files (the preset and `conf/datasets/<dataset>.yaml`,
+section `algorithms.fppdm`). Each variant runs its `federation.rounds` rounds in this process, without
+Flower: every domain's `DomainTrainer.train` towards what the round core (`FPPDMRounds`) sends it, its
+users' (ids, mu, sigma) back to the round core, which validates them and computes the barycenters.
+
+After the last round, for every domain:
+- HR@K and NDCG@K (leave-one-out, the project's sampled negatives and seed) over all its test users, over
+  those also present in another domain ("shared") and over those present only in it ("only here");
+- the mean over shared users of W2(the user's local Gaussian, its barycenter) beside two scales of the
+  domain's user space: the mean W2 between two of its users (all pairs) and the mean W2 from a user to
+  its nearest other user. For single_domain the barycenter is computed but never sent: the distance is
+  then that of two independently trained, unaligned user spaces.
+
+Writes benchmarks/results/fppdm_overlap.json and prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedrec_flwr.config import AppConfig, load_config
+from fedrec_flwr.data import MultiDomainDataset, load_multidomain
+from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer, ranking_metrics
+from fedrec_flwr.fppdm.rounds import FPPDMRounds
+from fedrec_flwr.messages import NodeReply
+from fedrec_flwr.metrics import hit_ratio_at_k, ndcg_at_k, rank_of_positive, sample_negatives
+
+RESULTS = Path(__file__).parent / "results" / "fppdm_overlap.json"
+
+
+def variants(dataset: str, overrides: list[str]) -> dict[str, AppConfig]:
+    """The runs compared: single_domain, and fppdm at lambda_p 0 (fppdm_lp0), its default (fppdm) and 4x it (fppdm_lp4x)."""
+    base = load_config("fppdm", dataset, overrides)
+    lam = base.fppdm.training.lambda_p
+    return {"single_domain": load_config("single_domain", dataset, overrides),
+            "fppdm_lp0": load_config("fppdm", dataset, [*overrides, "fppdm.training.lambda_p=0"]),
+            "fppdm": base,
+            "fppdm_lp4x": load_config("fppdm", dataset, [*overrides, f"fppdm.training.lambda_p={4 * lam!r}"])}
+
+
+def user_ranks(trainer: DomainTrainer, evaluation) -> np.ndarray:
+    """0-based rank of each test user's positive against the negatives `DomainTrainer.evaluate` draws (its
+    seed), so that groups of users can be scored apart; checked against the project's `ranking_metrics`."""
+    d = trainer.data
+    with torch.no_grad():
+        mu, sigma = (t.cpu().numpy() for t in trainer.model())
+    seed = [trainer.seed, trainer.domain_index, 99]  # the seed DomainTrainer.evaluate passes to ranking_metrics
+    rng = np.random.default_rng(seed)
+    candidates = np.empty((d.test_users.size, evaluation.negatives + 1), np.int64)
+    for row, (u, item) in enumerate(zip(d.test_users, d.test_items)):
+        candidates[row, 0] = item
+        candidates[row, 1:] = sample_negatives(rng, d.num_items, d.positives[u] | {int(item)}, evaluation.negatives)
+    um, us = mu[d.test_users][:, None, :], sigma[d.test_users][:, None, :]
+    im, isg = mu[d.num_users + candidates], sigma[d.num_users + candidates]
+    scores = -(((um - im) ** 2).sum(-1) + ((us - isg) ** 2).sum(-1))
+    ranks = rank_of_positive(scores[:, 0], scores[:, 1:])
+    whole = ranking_metrics(d, mu, sigma, evaluation, seed)
+    for k in evaluation.topk:
+        if hit_ratio_at_k(ranks, k) != whole[f"hr@{k}"] or ndcg_at_k(ranks, k) != whole[f"ndcg@{k}"]:
+            raise RuntimeError(f"per-user ranks of {d.name} disagree with ranking_metrics at K={k}")
+    return ranks
+
+
+def group_metrics(ranks: np.ndarray, topk: list[int]) -> dict[str, float]:
+    """Users and HR@K / NDCG@K of one group of test users' ranks."""
+    out: dict[str, float] = {"users": int(ranks.size)}
+    for k in topk:
+        out[f"hr@{k}"] = hit_ratio_at_k(ranks, k)
+        out[f"ndcg@{k}"] = ndcg_at_k(ranks, k)
+    return out
+
+
+def w2(mu_a: np.ndarray, sigma_a: np.ndarray, mu_b: np.ndarray, sigma_b: np.ndarray) -> np.ndarray:
+    """Row-wise W2 distance between diagonal Gaussians: sqrt(|mu_a - mu_b|^2 + |sigma_a - sigma_b|^2)."""
+    return np.sqrt(((mu_a - mu_b) ** 2).sum(-1) + ((sigma_a - sigma_b) ** 2).sum(-1))
+
+
+def space_scale(mu: np.ndarray, sigma: np.ndarray, block: int = 1024) -> dict[str, float]:
+    """Mean W2 over all pairs of distinct users and mean W2 to the nearest other user: the space's scale."""
+    x = np.concatenate([mu, sigma], 1).astype(np.float64)
+    sq = (x * x).sum(1)
+    total, nearest = 0.0, np.empty(x.shape[0])
+    for start in range(0, x.shape[0], block):
+        d = np.sqrt(np.maximum(sq[start:start + block, None] + sq[None, :] - 2 * x[start:start + block] @ x.T, 0))
+        rows = np.arange(start, min(start + block, x.shape[0]))
+        d[rows - start, rows] = 0.0
+        total += d.sum()
+        d[rows - start, rows] = np.inf
+        nearest[rows] = d.min(1)
+    n = x.shape[0]
+    return {"random_pair_w2": float(total / (n * (n - 1))), "nearest_user_w2": float(nearest.mean())}
+
+
+def run_variant(cfg: AppConfig, ds: MultiDomainDataset) -> dict:
+    """Train one variant's rounds in-process through the round core; per-domain split metrics and distances."""
+    f, t0 = cfg.fppdm, time.time()
+    trainers = [DomainTrainer(DomainData(dom), k, f.model, f.training, f.coclustering, cfg.seed)
+                for k, dom in enumerate(ds.domains)]
+    rounds = FPPDMRounds.from_config(cfg, ds.num_users, None, len(trainers))  # node id = domain index
+    empty = [np.zeros(0, np.int64), np.zeros((0, f.model.dim), np.float32), np.zeros((0, f.model.dim), np.float32)]
+    for rnd in range(1, cfg.federation.rounds + 1):
+        started, replies = time.time(), []
+        for k, tr in enumerate(trainers):
+            sent = rounds.download(k) or empty
+            tr.train(rnd, np.asarray(sent[0], np.int64), np.asarray(sent[1], np.float32), np.asarray(sent[2], np.float32))
+            mu, sigma = tr.user_distributions()
+            replies.append(NodeReply(k, [tr.data.global_ids.astype(np.int64), mu, sigma]))
+        record = rounds.train(rnd, replies, [], started)
+        if record["accepted"] != len(trainers):
+            raise RuntimeError(f"round {rnd}: the round core refused {len(trainers) - record['accepted']} uploads")
+    train_seconds = time.time() - t0
+    evals = [NodeReply(k, metrics={**tr.evaluate(f.evaluation), "domain": tr.data.name}) for k, tr in enumerate(trainers)]
+    mean = rounds.evaluate(cfg.federation.rounds, evals)  # the number a flwr run reports (mean over domains)
+    glob = rounds.global_users
+    domains = {}
+    for k, tr in enumerate(trainers):
+        d = tr.data
+        others = np.concatenate([o.data.global_ids for j, o in enumerate(trainers) if j != k] or [np.zeros(0, np.int64)])
+        shared_user = np.isin(d.global_ids, others)  # per local user: present in another domain too
+        ranks, test_shared = user_ranks(tr, f.evaluation), shared_user[d.test_users]
+        mu, sigma = tr.user_distributions()  # what this domain uploaded in the last round
+        pos = np.searchsorted(glob.ids, d.global_ids[shared_user])
+        moved = w2(mu[shared_user], sigma[shared_user], glob.mu[pos], glob.sigma[pos])
+        scale = space_scale(mu, sigma)
+        domains[d.name] = {
+            "users": d.num_users, "shared_users": int(shared_user.sum()),
+            "all": group_metrics(ranks, f.evaluation.topk),
+            "shared": group_metrics(ranks[test_shared], f.evaluation.topk),
+            "only_here": group_metrics(ranks[~test_shared], f.evaluation.topk),
+            "shared_to_barycenter_w2": float(moved.mean()) if moved.size else float("nan"),
+            "shared_to_barycenter_w2_median": float(np.median(moved)) if moved.size else float("nan"),
+            **scale,
+            "barycenter_over_random_pair": float(moved.mean() / scale["random_pair_w2"]) if moved.size else float("nan"),
+        }
+    return {"lambda_p": f.training.lambda_p, "aggregate": f.server.aggregate, "mean_over_domains": mean,
+            "domains": domains, "train_seconds": train_seconds, "wall_seconds": time.time() - t0}
+
+
+def settings(cfg: AppConfig) -> dict:
+    """The resolved sections a variant trains and evaluates with (recorded beside its numbers)."""
+    return {"seed": cfg.seed, "federation": asdict(cfg.federation),
+            **{f"fppdm.{k}": asdict(getattr(cfg.fppdm, k)) for k in ("model", "training", "coclustering", "server",
+                                                                      "evaluation")}}
+
+
+def markdown(results: dict[str, dict]) -> str:
+    """The accuracy table (per variant, domain and user group) and the distance table, as markdown."""
+    topk = sorted({int(k.split("@")[1]) for r in results.values() for k in r["mean_over_domains"]})
+    head = " | ".join(f"HR@{k} | NDCG@{k}" for k in topk)
+    lines = [f"| variant | domain | users | {head} |", "|---|---|---|" + "---|" * (2 * len(topk))]
+    for name, r in results.items():
+        lines.append(f"| {name} | mean over domains | | "
+                     + " | ".join(f"{r['mean_over_domains'][f'hr@{k}']:.4f} | {r['mean_over_domains'][f'ndcg@{k}']:.4f}"
+                                  for k in topk) + " |")
+        for dom, m in r["domains"].items():
+            for group in ("all", "shared", "only_here"):
+                g = m[group]
+                lines.append(f"| {name} | {dom} {group.replace('_', ' ')} | {g['users']} | "
+                             + " | ".join(f"{g[f'hr@{k}']:.4f} | {g[f'ndcg@{k}']:.4f}" for k in topk) + " |")
+    lines += ["", "| variant | domain | shared users | W2 to barycenter (mean / median) | random-pair W2 | "
+                  "nearest-user W2 | barycenter / random pair |", "|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        for dom, m in r["domains"].items():
+            lines.append(f"| {name} | {dom} | {m['shared_users']} | {m['shared_to_barycenter_w2']:.4f} / "
+                         f"{m['shared_to_barycenter_w2_median']:.4f} | {m['random_pair_w2']:.4f} | "
+                         f"{m['nearest_user_w2']:.4f} | {m['barycenter_over_random_pair']:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """CLI: run every variant in turn, print the tables and write the JSON."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="douban-book-music")
+    ap.add_argument("--data-dir", default="../shared/data")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", nargs="*", default=None, help="names of the variants to run (default: all)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    t0 = time.time()
+    configs = variants(args.dataset, [f"data.data_dir={args.data_dir}", f"seed={args.seed}"])
+    if args.only:
+        if unknown := sorted(set(args.only) - set(configs)):
+            ap.error(f"unknown variants {unknown}; choose from {list(configs)}")
+        configs = {k: v for k, v in configs.items() if k in args.only}
+    ds = load_multidomain(next(iter(configs.values())).data)  # the variants differ only in FPPDM settings
+    results = {}
+    for name, cfg in configs.items():
+        results[name] = run_variant(cfg, ds)
+        print(f"[fppdm_overlap] {name}: {results[name]['mean_over_domains']} ({results[name]['wall_seconds']:.0f}s)",
+              flush=True)
+    table = markdown(results)
+    print(table)
+    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "command": " ".join([*(["OMP_NUM_THREADS=" + os.environ["OMP_NUM_THREADS"]] if "OMP_NUM_THREADS" in os.environ else []),
+                                "python -m benchmarks.fppdm_overlap", *sys.argv[1:]]),
+           "dataset": args.dataset, "seed": args.seed, "torch_threads": torch.get_num_threads(),
+           "wall_seconds": time.time() - t0,
+           "settings": {name: settings(cfg) for name, cfg in configs.items()},
+           "variants": results, "table": table}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"[fppdm_overlap] wrote {args.out} ({out['wall_seconds']:.0f}s)")
+
+
+if __name__ == "__main__":
+    main()
