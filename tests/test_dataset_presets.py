@@ -205,7 +205,9 @@ def _in_process_flwr_run(cmd: list[str], env) -> int:
             return res.loss, res.num_examples, res.metrics
 
     args = cmd[cmd.index("run") + 1:]
-    assert args[:3] == [str(Path(__file__).resolve().parents[1]), "local", "--stream"], cmd
+    project = Path(__file__).resolve().parents[1]  # flwr run gets a staged copy of the app's own files
+    assert args[1:3] == ["local", "--stream"] and Path(args[0]) != project, cmd
+    assert (Path(args[0]) / "pyproject.toml").read_bytes() == (project / "pyproject.toml").read_bytes(), cmd
     defaults = flatten_dict(get_project_config(args[0])["tool"]["flwr"]["app"].get("config"))
     run_config = fuse_dicts(defaults, parse_config_args([args[args.index("--run-config") + 1]]))
     nodes = parse_config_args([args[args.index("--federation-config") + 1]])["num-supernodes"]
