@@ -164,6 +164,11 @@ def test_a_reply_naming_more_users_than_its_node_hosts_costs_one_rejection(tiny_
                                        UserRegistry(40, block_size=5), rating_span=4.0)
     popular.register(1, [NodeReply(7, frame_users(range(6), [[np.arange(20)]] * 6, 1))], time.time())
     assert "names 6 users; the node may speak for at most 5" in popular.rejections[-1][1]
+    from fedrec_flwr.fedgnn.registry import listed
+
+    operator = FedGNNRounds.from_config(cfg, rounds.server, UserRegistry(40, listed({3: frozenset([0])})), rating_span=4.0)
+    operator.register(1, [NodeReply(9, frame_users([0], [[np.arange(20)]], 1))], time.time())  # an unlisted node
+    assert "user 0 is not assigned to node 9" in operator.rejections[-1][1]  # told why, not only how many
 
 
 def test_checkpoints_load_without_running_code(tmp_path):

@@ -56,11 +56,12 @@ class UserRegistry:
                                      f"(simulation.users_per_node = {self._block}); it claimed {len(users)} others")
 
     def claim_limit(self, node_id: int) -> int:
-        """The most users one registration (or popularity report) from `node_id` may name: its listed users,
-        its partition's block, or (first claim wins) every user."""
+        """The most users one registration (or popularity report) from `node_id` may name: its listed users
+        (at least 1, so that a node claiming a user it is not listed for is told which), its partition's
+        block, or (first claim wins) every user."""
         allowed = self._entitled(node_id) if self._entitled is not None else None
         if allowed is not None:
-            return len(allowed)
+            return max(len(allowed), 1)
         return self._block or self.num_users
 
     def users_of(self, node_id: int) -> list[int]:
