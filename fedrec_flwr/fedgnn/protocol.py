@@ -170,14 +170,14 @@ def split_download(arrays: list[np.ndarray], num_weights: int) -> tuple[list[np.
     return list(arrays[:num_weights]), users_array([u for u, _ in parts]), [blocks[0] for _, blocks in parts]
 
 
+TRAIN_FIELDS = 3  # a training reply's fields per user: flat model gradients, item ids, item rows
+TRAIN_GRADIENTS = 2  # index of the packed model gradients in a training reply
+
+
 def frame_train_upload(users, parts: list[list[np.ndarray]]) -> list[np.ndarray]:
     """A training reply: each user's [*model grads, ids, rows] as [flat grads, ids, rows], packed."""
     flat = [[np.concatenate([np.asarray(g).ravel() for g in p[:-2]]), p[-2], p[-1]] for p in parts]
     return frame_users(users, flat, TRAIN_FIELDS)
-
-
-TRAIN_FIELDS = 3  # a training reply's fields per user: flat model gradients, item ids, item rows
-TRAIN_GRADIENTS = 2  # index of the packed model gradients in a training reply
 
 
 def model_gradients(flat: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
