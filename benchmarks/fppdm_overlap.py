@@ -38,10 +38,9 @@ import torch
 
 from fedrec_flwr.config import AppConfig, load_config
 from fedrec_flwr.data import MultiDomainDataset, load_multidomain
-from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer, ranking_metrics
+from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer, positive_ranks, rank_metrics
 from fedrec_flwr.fppdm.rounds import FPPDMRounds
 from fedrec_flwr.messages import NodeReply
-from fedrec_flwr.metrics import hit_ratio_at_k, ndcg_at_k, rank_of_positive, sample_negatives
 
 RESULTS = Path(__file__).parent / "results" / "fppdm_overlap.json"
 
@@ -58,34 +57,17 @@ def variants(dataset: str, overrides: list[str]) -> dict[str, AppConfig]:
 
 def user_ranks(trainer: DomainTrainer, evaluation) -> np.ndarray:
     """0-based rank of each test user's positive against the negatives `DomainTrainer.evaluate` draws (its
-    seed), so that groups of users can be scored apart; checked against the project's `ranking_metrics`."""
-    d = trainer.data
+    seed), so that groups of users can be scored apart."""
     with torch.no_grad():
         mu, sigma = (t.cpu().numpy() for t in trainer.model())
     seed = [trainer.seed, trainer.domain_index, 99]  # the seed DomainTrainer.evaluate passes to ranking_metrics
-    rng = np.random.default_rng(seed)
-    candidates = np.empty((d.test_users.size, evaluation.negatives + 1), np.int64)
-    for row, (u, item) in enumerate(zip(d.test_users, d.test_items)):
-        candidates[row, 0] = item
-        candidates[row, 1:] = sample_negatives(rng, d.num_items, d.positives[u] | {int(item)}, evaluation.negatives)
-    um, us = mu[d.test_users][:, None, :], sigma[d.test_users][:, None, :]
-    im, isg = mu[d.num_users + candidates], sigma[d.num_users + candidates]
-    scores = -(((um - im) ** 2).sum(-1) + ((us - isg) ** 2).sum(-1))
-    ranks = rank_of_positive(scores[:, 0], scores[:, 1:])
-    whole = ranking_metrics(d, mu, sigma, evaluation, seed)
-    for k in evaluation.topk:
-        if hit_ratio_at_k(ranks, k) != whole[f"hr@{k}"] or ndcg_at_k(ranks, k) != whole[f"ndcg@{k}"]:
-            raise RuntimeError(f"per-user ranks of {d.name} disagree with ranking_metrics at K={k}")
-    return ranks
+    return positive_ranks(trainer.data, mu, sigma, evaluation, seed)
 
 
 def group_metrics(ranks: np.ndarray, topk: list[int]) -> dict[str, float]:
     """Users and HR@K / NDCG@K of one group of test users' ranks."""
-    out: dict[str, float] = {"users": int(ranks.size)}
-    for k in topk:
-        out[f"hr@{k}"] = hit_ratio_at_k(ranks, k)
-        out[f"ndcg@{k}"] = ndcg_at_k(ranks, k)
-    return out
+    out = rank_metrics(ranks, topk)
+    return {"users": out.pop("n"), **out}
 
 
 def w2(mu_a: np.ndarray, sigma_a: np.ndarray, mu_b: np.ndarray, sigma_b: np.ndarray) -> np.ndarray:

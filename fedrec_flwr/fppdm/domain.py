@@ -199,27 +199,36 @@ class DomainTrainer:
                                seed=[self.seed, self.domain_index, 99])  # same negatives every evaluation
 
 
-def ranking_metrics(d: DomainData, mu: np.ndarray, sigma: np.ndarray, evaluation: FPPDMEvaluationConfig,
-                    seed: list[int]) -> dict[str, float]:
-    """HR@K and NDCG@K for K in `evaluation.topk`: each test positive ranked by -W2 against
-    `evaluation.negatives` sampled non-interacted items (drawn from `seed`).
+def positive_ranks(d: DomainData, mu: np.ndarray, sigma: np.ndarray, evaluation: FPPDMEvaluationConfig,
+                   seed: list[int]) -> np.ndarray:
+    """0-based rank of each test positive by -W2 against `evaluation.negatives` sampled non-interacted
+    items (drawn from `seed`), in test-user order: what HR@K and NDCG@K are computed from.
 
     mu, sigma: the propagated distributions of the domain's users, then its items.
     """
-    f = evaluation
-    if d.test_users.size == 0:
-        return {"n": 0}
     rng = np.random.default_rng(seed)
-    candidates = np.empty((d.test_users.size, f.negatives + 1), np.int64)
+    candidates = np.empty((d.test_users.size, evaluation.negatives + 1), np.int64)
     for row, (u, item) in enumerate(zip(d.test_users, d.test_items)):
         candidates[row, 0] = item
-        candidates[row, 1:] = sample_negatives(rng, d.num_items, d.positives[u] | {int(item)}, f.negatives)
+        candidates[row, 1:] = sample_negatives(rng, d.num_items, d.positives[u] | {int(item)}, evaluation.negatives)
     um, us = mu[d.test_users][:, None, :], sigma[d.test_users][:, None, :]
     im, isg = mu[d.num_users + candidates], sigma[d.num_users + candidates]
     scores = -(((um - im) ** 2).sum(-1) + ((us - isg) ** 2).sum(-1))
-    ranks = rank_of_positive(scores[:, 0], scores[:, 1:])
+    return rank_of_positive(scores[:, 0], scores[:, 1:])
+
+
+def rank_metrics(ranks: np.ndarray, topk) -> dict[str, float]:
+    """n and HR@K / NDCG@K for K in `topk` of a set of test positives' ranks."""
     out: dict[str, float] = {"n": int(ranks.size)}
-    for k in f.topk:
+    for k in topk:
         out[f"hr@{k}"] = hit_ratio_at_k(ranks, k)
         out[f"ndcg@{k}"] = ndcg_at_k(ranks, k)
     return out
+
+
+def ranking_metrics(d: DomainData, mu: np.ndarray, sigma: np.ndarray, evaluation: FPPDMEvaluationConfig,
+                    seed: list[int]) -> dict[str, float]:
+    """HR@K and NDCG@K for K in `evaluation.topk` over the domain's test users (`positive_ranks`)."""
+    if d.test_users.size == 0:
+        return {"n": 0}
+    return rank_metrics(positive_ranks(d, mu, sigma, evaluation, seed), evaluation.topk)
