@@ -24,7 +24,7 @@ from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore
 from fedrec_flwr.messages import NodeReply
-from fedrec_flwr.models import build_model
+from fedrec_flwr.models.rating_gnn import build_model
 
 
 def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int], FedGNNUser]) -> None:

@@ -28,7 +28,7 @@ from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore, own_items
-from fedrec_flwr.models import build_model
+from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.privacy.attacks import popularity_attack
 
 SAMPLERS = ("uniform", "popularity")

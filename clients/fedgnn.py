@@ -32,7 +32,7 @@ from fedrec_flwr.fedgnn.protocol import (
     split_download,
 )
 from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, UserStore
-from fedrec_flwr.models import build_model
+from fedrec_flwr.models.rating_gnn import build_model
 
 
 class FedGNNClient(NumPyClient):

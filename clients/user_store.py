@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedrec_flwr.fedgnn.user import UserState
+from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.fsutil import atomic_write
 
 

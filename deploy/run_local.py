@@ -38,6 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.app_source import staged_app  # noqa: E402  (the project's root is on the path only now)
 
 
 class DeployError(RuntimeError):
@@ -158,6 +160,12 @@ class Deployment:
             raise DeployError(f"{what} failed (exit {proc.returncode}): {out[-3000:]}")
         return out
 
+    def exited(self, prefix: str) -> dict[str, str]:
+        """{name: log tail} of the started processes named `prefix`... that have already exited."""
+        with self.lock:
+            gone = [name for name, proc in self.procs if name.startswith(prefix) and proc.poll() is not None]
+        return {name: self.log(name)[-600:] for name in gone}
+
     def log(self, name: str) -> str:
         """What a started process has written so far."""
         path = self.work / "logs" / f"{name}.log"
@@ -255,18 +263,21 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
         starts = [*range(nodes + 1), nodes + 1] if algorithm == "fedgnn" else range(nodes + 1)
         for i in starts:  # the impostor (registered, unlisted) holds device 0's file and claims its user
             node_config = f"data-path='{files[i if i < nodes else 0]}' state-dir='{work / 'devices' / str(i)}'"
+            # only the never-registered node gives up (it is refused at activation); the others retry as long
+            # as Flower's default, so a SuperLink slowed by a loaded machine does not lose a device
+            give_up = ["--max-retries", "3", "--max-wait-time", "30"] if i == nodes else []
             dep.start(f"{algorithm}-supernode-{i}", [
                 str(BIN / "flower-supernode"), "--root-certificates", str(certs / "ca.crt"),
                 "--superlink", f"127.0.0.1:{port}", "--auth-supernode-private-key", str(certs / f"node-{i}"),
-                "--node-config", node_config,
-                "--port", str(free_port()), "--max-retries", "3", "--max-wait-time", "30",
+                "--node-config", node_config, "--port", str(free_port()), *give_up,
             ])
         progress(algorithm, f"{len(starts)} SuperNodes started")
         out = work / f"out-{algorithm}"
         run_config = (f"preset='{preset}' dataset='{dataset}' output-dir='{out}' cache-dir='{work / 'server-cache'}' "
                       f"set='data.catalogue={data / 'catalogue.json'} {' '.join(run_set)}'")
-        with Phase(algorithm, f"flwr run ({rounds} rounds; log: logs/flwr-run--{algorithm}.log)"):
-            dep.run(f"flwr run ({algorithm})", [str(BIN / "flwr"), "run", str(ROOT), "deploy", "--stream",
+        with (Phase(algorithm, f"flwr run ({rounds} rounds; log: logs/flwr-run--{algorithm}.log)"),
+              staged_app(ROOT, work / "app") as app):  # the app's own files: the FAB build skips .venv
+            dep.run(f"flwr run ({algorithm})", [str(BIN / "flwr"), "run", str(app), "deploy", "--stream",
                                                 "--run-config", run_config], timeout=600, stamp=True)
         results = json.loads((out / "results.json").read_text())
         if results.get("status") != "finished":
@@ -279,7 +290,10 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
             listing = dep.run("listing SuperNodes", [str(BIN / "flwr"), "supernode", "list", "deploy", "--format",
                                                      "json"])
         impostor = [r["reason"] for r in results.get("rejections", []) if "not assigned to node" in r["reason"]]
+        rogue = f"{algorithm}-supernode-{nodes}"
+        devices_exited = {n: tail for n, tail in dep.exited(f"{algorithm}-supernode-").items() if n != rogue}
         results["deploy"] = {"rogue_node_refused": refused, "rogue_log_tail": rogue_log[-600:], "impostor_refused": impostor,
+                             "devices_exited": devices_exited,
                              "supernode_list": listing[-3000:], "results_file": str(out / "results.json")}
         return results
     finally:

@@ -10,10 +10,6 @@ import torch
 from flwr.client import ClientApp
 from flwr.common import Context
 
-from clients.faults import with_faults
-from clients.fedgnn import FedGNNClient
-from clients.fppdm import FPPDMDomainClient
-from clients.trivial import TrivialClient
 from clients.user_store import DomainStateStore, NodeStateStore, UserStateFiles
 from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.config import AppConfig, from_run_config
@@ -99,13 +95,19 @@ def _key(context: Context) -> tuple:
     return tuple(sorted(context.run_config.items()))
 
 
+# Each factory imports its own client: a ClientApp process imports only its algorithm's code (the
+# FedGNN client pulls in PyTorch Geometric, about 3 s per process that FPPDM and trivial nodes skip).
 def trivial_client(cfg: AppConfig, context: Context, device: torch.device):
     """The overhead baseline's echo client."""
+    from clients.trivial import TrivialClient
+
     return TrivialClient().to_client()
 
 
 def fppdm_client(cfg: AppConfig, context: Context, device: torch.device):
     """One domain: its own `domain-<k>.npz` in deployment, else domain `partition-id` of the dataset."""
+    from clients.fppdm import FPPDMDomainClient
+
     if context.node_config.get("data-path"):  # deployment: this node's own file, nothing else
         index, domain = load_domain_file(str(context.node_config["data-path"]))
     else:
@@ -119,6 +121,9 @@ def fppdm_client(cfg: AppConfig, context: Context, device: torch.device):
 
 def fedgnn_client(cfg: AppConfig, context: Context, device: torch.device):
     """The users this node hosts: its one user's file in deployment, else partition p's users."""
+    from clients.faults import with_faults
+    from clients.fedgnn import FedGNNClient
+
     store = NodeStateStore(context.state, state_files(cfg, context.node_config))
     if context.node_config.get("data-path"):  # deployment: this node's own file, nothing else
         meta, data = load_user_file(str(context.node_config["data-path"]))

@@ -9,7 +9,6 @@ import secrets
 from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
-from clients.trivial import trivial_parameters
 from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.baselines import baseline_rmses
 from fedrec_flwr.config import from_run_config, to_dict
@@ -25,9 +24,6 @@ from fedrec_flwr.neighbours import (
 from fedrec_flwr.neighbours.process import start_local_service
 from fedrec_flwr.node_data import load_catalogue
 from fedrec_flwr.results import RunRecorder
-from strategies.fedgnn import FedGNNStrategy
-from strategies.fppdm import WassersteinBarycenterStrategy
-from strategies.trivial import TimedFedAvg
 
 log = logging.getLogger("fedrec_flwr.server")
 
@@ -49,9 +45,13 @@ def _record_failure(cfg, exc: BaseException) -> None:
     RunRecorder(cfg.output_dir, cfg.algorithm, cfg.data.name, to_dict(cfg)).fail(f"{type(exc).__name__}: {exc}")
 
 
+# Each factory imports its own strategy: a ServerApp process imports only its algorithm's code (FedGNN's
+# pulls in PyTorch Geometric, about 3 s that an FPPDM or trivial run skips).
 def fedgnn_components(cfg) -> ServerAppComponents:
     """FedGNN: partitions prepared once (simulation) or the public catalogue (deployment), then the
     strategy for registration + `rounds` training rounds (+ expansion)."""
+    from strategies.fedgnn import FedGNNStrategy
+
     baselines = None
     if cfg.data.catalogue:  # deployment: public dataset facts only, the ratings stay on the devices
         meta = load_catalogue(cfg.data.catalogue)["meta"]
@@ -101,6 +101,8 @@ def _expansion_link(cfg, num_items: int) -> ExpansionLink:
 
 def fppdm_components(cfg) -> ServerAppComponents:
     """FPPDM: one SuperNode per domain, Wasserstein barycenter of the shared users."""
+    from strategies.fppdm import WassersteinBarycenterStrategy
+
     if cfg.data.catalogue:  # deployment: the server never loads a domain's interactions
         cat = load_catalogue(cfg.data.catalogue)
         name, num_users, domains = cat["dataset"], int(cat["num_users"]), list(cat["domains"])
@@ -116,6 +118,9 @@ def fppdm_components(cfg) -> ServerAppComponents:
 
 def trivial_components(cfg) -> ServerAppComponents:
     """The baseline job: FedAvg over an echoed vector, for Flower's own per-round overhead."""
+    from clients.trivial import trivial_parameters
+    from strategies.trivial import TimedFedAvg
+
     recorder = RunRecorder(cfg.output_dir, "trivial", cfg.data.name, to_dict(cfg))
     strategy = TimedFedAvg(recorder, cfg.federation.clients_per_round, cfg.federation.rounds,
                            trivial_parameters(cfg.trivial.payload_floats))

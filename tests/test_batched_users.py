@@ -9,7 +9,7 @@ from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.batched import train_users
 from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore
-from fedrec_flwr.models import build_model, row_width
+from fedrec_flwr.models.rating_gnn import build_model, row_width
 
 DELTA = ["local.upload=delta", "local.steps=3", "local.batch_size=7", "local.loss=mean", "local.user_steps=3",
          "model.user_offset=true", "data.item_features=true", "model.biases=false", "model.heads=2"]

@@ -34,7 +34,10 @@ def test_fedgnn_and_fppdm_on_a_real_superlink_with_authenticated_supernodes(tmp_
     fedgnn = json.loads(Path(summary["fedgnn"]["results_file"]).read_text())
     phases = [r.get("phase") for r in fedgnn["rounds"]]
     assert "expand-fetch" in phases and 0 < fedgnn["final"]["rmse"] < 4
-    assert fedgnn["rounds"][0]["accepted"] == 4  # the four listed devices, not the rogue or the impostor
+    why = json.dumps({"registration": fedgnn["rounds"][0], "rejections": fedgnn["rejections"][:6],
+                      "devices_exited": summary["fedgnn"]["devices_exited"]})[-3000:]
+    assert not summary["fedgnn"]["devices_exited"] and not summary["fppdm"]["devices_exited"], why
+    assert fedgnn["rounds"][0]["accepted"] == 4, why  # the four listed devices, not the rogue or the impostor
     assert summary["fedgnn"]["impostor_refused"]  # a registered but unlisted node claiming user 0 was refused
     assert any("NaN" in r["reason"] for r in fedgnn["rejections"])  # a malformed upload was rejected, not averaged
     fppdm = json.loads(Path(summary["fppdm"]["results_file"]).read_text())

@@ -15,7 +15,7 @@ from fedrec_flwr.fedgnn.protocol import (
 )
 from fedrec_flwr.fedgnn.server import round_schedule
 from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore, local_gradients
-from fedrec_flwr.models import build_model
+from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
 from strategies.fedgnn import ExpansionLink, FedGNNStrategy
 

@@ -17,7 +17,7 @@ from fedrec_flwr.fedgnn.protocol import (
     split_users,
 )
 from fedrec_flwr.fedgnn.user import MemoryStore
-from fedrec_flwr.models import build_model
+from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.privacy import clip_linf, privatize, pseudo_gradient_rows
 from fedrec_flwr.privacy.attacks import (
     FEATURES,

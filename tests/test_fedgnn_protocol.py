@@ -15,7 +15,7 @@ from clients.fedgnn import FedGNNClient
 from clients.user_store import NodeStateStore, UserStateFiles
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.protocol import TRAIN_FIELDS, frame_users, split_users
-from fedrec_flwr.models import build_model
+from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.results import RunRecorder
 from strategies.fedgnn import FedGNNStrategy
 
@@ -212,7 +212,7 @@ def test_undecodable_uploads_and_unsampled_users_are_rejected_not_fatal(tiny_cfg
 
 def test_a_nodes_state_keeps_each_users_state_exactly_and_refuses_damaged_bytes():
     from clients.user_store import decode_state, encode_state
-    from fedrec_flwr.fedgnn.user import UserState
+    from fedrec_flwr.fedgnn.state import UserState
 
     rng = np.random.default_rng(0)
     st = UserState(rng.random(8, dtype=np.float32), np.array([1, 5, 9]), rng.random((3, 8), dtype=np.float32),

@@ -17,7 +17,8 @@ from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore, evaluate_user, local_gradients
 from fedrec_flwr.messages import UploadRejected
-from fedrec_flwr.models import build_model, build_star_batch, row_width
+from fedrec_flwr.models.rating_gnn import build_model, row_width
+from fedrec_flwr.models.star_graph import build_star_batch
 
 BIAS = ("model.item_bias=true", "model.dropout=0", "privacy.ldp=false", "local.loss=mean", "local.steps=1",
         "local.batch_size=1000", "local.upload=gradient")

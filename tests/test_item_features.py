@@ -11,7 +11,8 @@ from fedrec_flwr.data import DataError, UserPartitions, prepare_partitions
 from fedrec_flwr.data.registry import load_dataset
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore
-from fedrec_flwr.models import RatingGNN, build_star_batch
+from fedrec_flwr.models.rating_gnn import RatingGNN
+from fedrec_flwr.models.star_graph import build_star_batch
 from fedrec_flwr.node_data import NodeDataError, export_nodes, load_user_file
 
 

@@ -7,7 +7,7 @@ import torch
 
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.user import DeviceConfig, init_user_state, local_gradients
-from fedrec_flwr.models import build_model
+from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.privacy import clip_linf
 
 

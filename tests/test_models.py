@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from fedrec_flwr.models import RatingGNN, build_star_batch
+from fedrec_flwr.models.rating_gnn import RatingGNN
+from fedrec_flwr.models.star_graph import build_star_batch
 
 
 @pytest.mark.parametrize("kind", ["gat", "gcn", "ggnn"])

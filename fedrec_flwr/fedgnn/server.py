@@ -31,7 +31,7 @@ from fedrec_flwr.fedgnn.protocol import (
     PHASE_TRAIN,
     UploadRejected,
 )
-from fedrec_flwr.models import build_model, row_width
+from fedrec_flwr.models.rating_gnn import build_model, row_width
 from fedrec_flwr.privacy.popularity import estimate_counts
 
 if TYPE_CHECKING:

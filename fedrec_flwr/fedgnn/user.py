@@ -19,8 +19,10 @@ from fedrec_flwr.config import AppConfig, LocalTrainingConfig, ModelConfig, Priv
 from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.fedgnn.protocol import ExpansionLink, RoundConfig
+from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.metrics import ErrorSums, squared_error_sum
-from fedrec_flwr.models import RatingGNN, build_model, build_star_batch, row_width
+from fedrec_flwr.models.rating_gnn import RatingGNN, build_model, row_width
+from fedrec_flwr.models.star_graph import build_star_batch
 from fedrec_flwr.neighbours import NeighbourClient, item_tokens
 from fedrec_flwr.privacy import (
     num_pseudo,
@@ -51,23 +53,6 @@ class DeviceConfig:
     def from_config(cls, cfg: AppConfig) -> "DeviceConfig":
         """The device's sections of a whole AppConfig."""
         return cls(cfg.model, cfg.local, cfg.privacy, cfg.seed, cfg.expansion.ca_file)
-
-
-@dataclass
-class UserState:
-    """What a device keeps between rounds: its private embedding, its fixed anonymity set,
-    and the anonymous neighbour embeddings graph expansion gave it."""
-
-    embedding: np.ndarray  # [d] float32, never sent to the recommendation server
-    anonymity_ids: np.ndarray  # sorted int64: rated train items, test items, pseudo items
-    neighbours: np.ndarray  # [n <= N, d] float32, from the neighbour service
-    handle: str  # random anonymous name towards the neighbour service
-    offset: float = 0.0  # model.user_offset: the user's private rating offset, never sent
-
-    def copy(self) -> "UserState":
-        """An independent copy."""
-        return UserState(self.embedding.copy(), self.anonymity_ids.copy(), self.neighbours.copy(), self.handle,
-                         self.offset)
 
 
 class UserStore(Protocol):

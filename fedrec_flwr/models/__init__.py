@@ -1,6 +1,3 @@
-"""GNN models on PyTorch Geometric."""
-
-from .rating_gnn import GNN_TYPES, RatingGNN, StarGraphEncoder, build_model, row_width
-from .star_graph import StarBatch, build_star_batch
-
-__all__ = ["GNN_TYPES", "RatingGNN", "StarBatch", "StarGraphEncoder", "build_model", "build_star_batch", "row_width"]
+"""The models: the FedGNN rating GNNs on PyTorch Geometric (`rating_gnn`, `star_graph`, `dense_star`) and
+FPPDM's Gaussian LightGCN (`gaussian_gcn`, plain torch and scipy). The package imports none of them, so
+a process loads only the model it uses."""

@@ -29,15 +29,15 @@ from scipy import stats
 
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.fedgnn.user import (
     DeviceConfig,
-    UserState,
     build_upload,
     init_user_state,
     local_gradients,
     popularity_report,
 )
-from fedrec_flwr.models import RatingGNN, build_model, row_width
+from fedrec_flwr.models.rating_gnn import RatingGNN, build_model, row_width
 from fedrec_flwr.privacy.popularity import estimate_counts
 
 FEATURES = ("l2 norm", "l1 norm", "max |x|", "mean", "projection on mean row", "|top principal component|", "standardised distance")
