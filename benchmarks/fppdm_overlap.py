@@ -19,7 +19,8 @@ After the last round, for every domain:
   its nearest other user. For single_domain the barycenter is computed but never sent: the distance is
   then that of two independently trained, unaligned user spaces.
 
-Writes benchmarks/results/fppdm_overlap.json and prints markdown tables.
+Writes benchmarks/results/fppdm_overlap_seed<S>.json and prints markdown tables; `--summarise FILE ...`
+prints the summary over seeds of files already written.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -42,7 +44,7 @@ from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer, positive_ranks, 
 from fedrec_flwr.fppdm.rounds import FPPDMRounds
 from fedrec_flwr.messages import NodeReply
 
-RESULTS = Path(__file__).parent / "results" / "fppdm_overlap.json"
+RESULTS = Path(__file__).parent / "results"  # fppdm_overlap_seed<S>.json
 
 
 def variants(dataset: str, overrides: list[str]) -> dict[str, AppConfig]:
@@ -167,15 +169,46 @@ def markdown(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def seed_summary(docs: list[dict]) -> str:
+    """Markdown: over the seeds of `docs` (one fppdm_overlap JSON each), every variant's mean HR@5 and, per
+    domain and user group, its HR@5 minus single_domain's (mean +- std of the per-seed differences), and
+    the mean W2 from a shared user to its barycenter."""
+    def pm(values: list[float], signed: bool = False) -> str:
+        mean, std = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{mean:+.4f} ± {std:.4f}" if signed else f"{mean:.4f} ± {std:.4f}"
+
+    names = [n for n in docs[0]["variants"] if all(n in d["variants"] for d in docs)]
+    domains = list(docs[0]["variants"][names[0]]["domains"])
+    groups = [(dom, g) for dom in domains for g in ("shared", "only_here")]
+    head = " | ".join(f"Δ HR@5, {dom} {g.replace('_', ' ')}" for dom, g in groups)
+    lines = [f"seeds {sorted(d['seed'] for d in docs)}", "",
+             f"| variant | mean HR@5 | {head} | W2 shared user to barycenter |",
+             "|---|---|" + "---|" * len(groups) + "---|"]
+    for name in names:
+        runs = [d["variants"][name] for d in docs]
+        base = [d["variants"]["single_domain"] for d in docs]
+        cells = [pm([r["domains"][dom][g]["hr@5"] - b["domains"][dom][g]["hr@5"] for r, b in zip(runs, base)], True)
+                 for dom, g in groups]
+        w2 = pm([r["domains"][domains[0]]["shared_to_barycenter_w2"] for r in runs])
+        lines.append(f"| {name} | {pm([r['mean_over_domains']['hr@5'] for r in runs])} | {' | '.join(cells)} | {w2} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
-    """CLI: run every variant in turn, print the tables and write the JSON."""
+    """CLI: run every variant in turn, print the tables and write the JSON (or, with --summarise, the
+    seed summary of JSONs already written)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="douban-book-music")
     ap.add_argument("--data-dir", default="../shared/data")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", default=None, help="names of the variants to run (default: all)")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/fppdm_overlap_seed<S>.json")
+    ap.add_argument("--summarise", nargs="+", type=Path, default=None, metavar="JSON",
+                    help="print the seed summary of these result files instead of running")
     args = ap.parse_args()
+    if args.summarise:
+        print(seed_summary([json.loads(f.read_text()) for f in args.summarise]))
+        return
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     t0 = time.time()
     configs = variants(args.dataset, [f"data.data_dir={args.data_dir}", f"seed={args.seed}"])
@@ -198,9 +231,10 @@ def main() -> None:
            "wall_seconds": time.time() - t0,
            "settings": {name: settings(cfg) for name, cfg in configs.items()},
            "variants": results, "table": table}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"[fppdm_overlap] wrote {args.out} ({out['wall_seconds']:.0f}s)")
+    path = args.out or RESULTS / f"fppdm_overlap_seed{args.seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"[fppdm_overlap] wrote {path} ({out['wall_seconds']:.0f}s)")
 
 
 if __name__ == "__main__":

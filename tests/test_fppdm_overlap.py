@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from benchmarks.fppdm_overlap import markdown, run_variant, space_scale, variants, w2
+from benchmarks.fppdm_overlap import markdown, run_variant, seed_summary, space_scale, variants, w2
 from fedrec_flwr.data.synthetic import make_synthetic_multidomain
 from fedrec_flwr.fppdm.domain import DomainData
 
@@ -56,3 +56,18 @@ def test_overlap_split_adds_up_and_barycenter_distances_are_finite(tmp_path):
         assert math.isclose(a, b, rel_tol=1e-4)
     table = markdown(results)
     assert table.count("\n| fppdm |") == 1 + 3 * 2 + 2 and "only here" in table
+
+
+def test_seed_summary_reports_per_seed_differences_from_single_domain():
+    def doc(seed, base, gain):
+        def variant(hr):
+            group = {"hr@5": hr}
+            return {"mean_over_domains": {"hr@5": hr},
+                    "domains": {"book": {"shared": group, "only_here": group, "shared_to_barycenter_w2": 1.0}}}
+        return {"seed": seed, "variants": {"single_domain": variant(base), "fppdm": variant(base + gain)}}
+
+    table = seed_summary([doc(0, 0.30, 0.01), doc(1, 0.40, 0.03)])
+    assert "seeds [0, 1]" in table
+    row = next(line for line in table.splitlines() if line.startswith("| fppdm |"))
+    # mean +- std of the two seeds' HR@5 (0.31, 0.43), then the mean +- std of their differences (0.01, 0.03)
+    assert "0.3700 ± 0.0849" in row and row.count("+0.0200 ± 0.0141") == 2
