@@ -57,11 +57,16 @@ def variants(dataset: str, overrides: list[str]) -> dict[str, AppConfig]:
             "fppdm_lp4x": load_config("fppdm", dataset, [*overrides, f"fppdm.training.lambda_p={4 * lam!r}"])}
 
 
-def user_ranks(trainer: DomainTrainer, evaluation) -> np.ndarray:
+def user_ranks(trainer: DomainTrainer, evaluation, replace: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+               ) -> np.ndarray:
     """0-based rank of each test user's positive against the negatives `DomainTrainer.evaluate` draws (its
-    seed), so that groups of users can be scored apart."""
+    seed), so that groups of users can be scored apart. `replace` = (local user rows, mu, sigma): those
+    users are ranked with the given distributions (e.g. their barycenters) instead of their own."""
     with torch.no_grad():
-        mu, sigma = (t.cpu().numpy() for t in trainer.model())
+        mu, sigma = (t.cpu().numpy().copy() for t in trainer.model())
+    if replace is not None:
+        rows, mu_rows, sigma_rows = replace
+        mu[rows], sigma[rows] = mu_rows, sigma_rows
     seed = [trainer.seed, trainer.domain_index, 99]  # the seed DomainTrainer.evaluate passes to ranking_metrics
     return positive_ranks(trainer.data, mu, sigma, evaluation, seed)
 
@@ -124,11 +129,14 @@ def run_variant(cfg: AppConfig, ds: MultiDomainDataset) -> dict:
         pos = np.searchsorted(glob.ids, d.global_ids[shared_user])
         moved = w2(mu[shared_user], sigma[shared_user], glob.mu[pos], glob.sigma[pos])
         scale = space_scale(mu, sigma)
+        # the global user distribution at evaluation: shared users ranked by their barycenter, not their local view
+        by_barycenter = user_ranks(tr, f.evaluation, (np.flatnonzero(shared_user), glob.mu[pos], glob.sigma[pos]))
         domains[d.name] = {
             "users": d.num_users, "shared_users": int(shared_user.sum()),
             "all": group_metrics(ranks, f.evaluation.topk),
             "shared": group_metrics(ranks[test_shared], f.evaluation.topk),
             "only_here": group_metrics(ranks[~test_shared], f.evaluation.topk),
+            "shared_ranked_by_barycenter": group_metrics(by_barycenter[test_shared], f.evaluation.topk),
             "shared_to_barycenter_w2": float(moved.mean()) if moved.size else float("nan"),
             "shared_to_barycenter_w2_median": float(np.median(moved)) if moved.size else float("nan"),
             **scale,
@@ -171,8 +179,9 @@ def markdown(results: dict[str, dict]) -> str:
 
 def seed_summary(docs: list[dict]) -> str:
     """Markdown: over the seeds of `docs` (one fppdm_overlap JSON each), every variant's mean HR@5 and, per
-    domain and user group, its HR@5 minus single_domain's (mean +- std of the per-seed differences), and
-    the mean W2 from a shared user to its barycenter."""
+    domain and user group, its HR@5 minus single_domain's (mean +- std of the per-seed differences); where
+    recorded, its shared users' HR@5 when ranked by their barycenter minus by their own view; and the mean
+    W2 from a shared user to its barycenter."""
     def pm(values: list[float], signed: bool = False) -> str:
         mean, std = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
         return f"{mean:+.4f} ± {std:.4f}" if signed else f"{mean:.4f} ± {std:.4f}"
@@ -181,14 +190,20 @@ def seed_summary(docs: list[dict]) -> str:
     domains = list(docs[0]["variants"][names[0]]["domains"])
     groups = [(dom, g) for dom in domains for g in ("shared", "only_here")]
     head = " | ".join(f"Δ HR@5, {dom} {g.replace('_', ' ')}" for dom, g in groups)
+    by_bary = all("shared_ranked_by_barycenter" in m for d in docs for v in d["variants"].values()
+                  for m in v["domains"].values())
+    extra = "".join(f" Δ HR@5, {dom} shared ranked by barycenter |" for dom in domains) if by_bary else ""
     lines = [f"seeds {sorted(d['seed'] for d in docs)}", "",
-             f"| variant | mean HR@5 | {head} | W2 shared user to barycenter |",
-             "|---|---|" + "---|" * len(groups) + "---|"]
+             f"| variant | mean HR@5 | {head} |{extra} W2 shared user to barycenter |",
+             "|---|---|" + "---|" * (len(groups) + (len(domains) if by_bary else 0)) + "---|"]
     for name in names:
         runs = [d["variants"][name] for d in docs]
         base = [d["variants"]["single_domain"] for d in docs]
         cells = [pm([r["domains"][dom][g]["hr@5"] - b["domains"][dom][g]["hr@5"] for r, b in zip(runs, base)], True)
                  for dom, g in groups]
+        if by_bary:  # the same variant's shared users, ranked by their barycenter instead of their own view
+            cells += [pm([r["domains"][dom]["shared_ranked_by_barycenter"]["hr@5"] - r["domains"][dom]["shared"]["hr@5"]
+                          for r in runs], True) for dom in domains]
         w2 = pm([r["domains"][domains[0]]["shared_to_barycenter_w2"] for r in runs])
         lines.append(f"| {name} | {pm([r['mean_over_domains']['hr@5'] for r in runs])} | {' | '.join(cells)} | {w2} |")
     return "\n".join(lines)

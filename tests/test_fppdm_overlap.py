@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 
-from benchmarks.fppdm_overlap import markdown, run_variant, seed_summary, space_scale, variants, w2
+from benchmarks.fppdm_overlap import markdown, run_variant, seed_summary, space_scale, user_ranks, variants, w2
 from fedrec_flwr.data.synthetic import make_synthetic_multidomain
-from fedrec_flwr.fppdm.domain import DomainData
+from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
 
 
 def test_variants_differ_only_in_lambda_p_and_aggregation(tmp_path):
@@ -43,6 +43,7 @@ def test_overlap_split_adds_up_and_barycenter_distances_are_finite(tmp_path):
             assert m["users"] == data.num_users and m["shared_users"] == np.isin(data.global_ids, other).sum()
             assert 0 < m["shared"]["users"] < m["all"]["users"]  # the synthetic domains have both kinds of user
             assert m["shared"]["users"] + m["only_here"]["users"] == m["all"]["users"] == data.test_users.size
+            assert m["shared_ranked_by_barycenter"]["users"] == m["shared"]["users"]
             for k in (5, 10):  # the groups' metrics recombine into the domain's
                 whole = (m["shared"][f"hr@{k}"] * m["shared"]["users"]
                          + m["only_here"][f"hr@{k}"] * m["only_here"]["users"]) / m["all"]["users"]
@@ -71,3 +72,17 @@ def test_seed_summary_reports_per_seed_differences_from_single_domain():
     row = next(line for line in table.splitlines() if line.startswith("| fppdm |"))
     # mean +- std of the two seeds' HR@5 (0.31, 0.43), then the mean +- std of their differences (0.01, 0.03)
     assert "0.3700 ± 0.0849" in row and row.count("+0.0200 ± 0.0141") == 2
+
+
+def test_ranking_with_replaced_users_changes_only_those_users():
+    ds = make_synthetic_multidomain(seed=0, num_domains=2)
+    cfg = variants("synthetic-md3", ["fppdm.model.dim=8", "fppdm.training.local_epochs=1"])["fppdm"]
+    f = cfg.fppdm
+    tr = DomainTrainer(DomainData(ds.domains[0]), 0, f.model, f.training, f.coclustering, cfg.seed)
+    mu, sigma = tr.user_distributions()
+    own = user_ranks(tr, f.evaluation)
+    rows = np.arange(0, mu.shape[0], 2)  # every other local user
+    assert np.array_equal(user_ranks(tr, f.evaluation, (rows, mu[rows], sigma[rows])), own)  # its own view: unchanged
+    far = user_ranks(tr, f.evaluation, (rows, mu[rows] + 100.0, sigma[rows]))  # far from every item
+    moved = np.isin(tr.data.test_users, rows)
+    assert np.array_equal(far[~moved], own[~moved]) and not np.array_equal(far[moved], own[moved])
