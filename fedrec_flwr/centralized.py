@@ -17,7 +17,8 @@ import torch
 from .config import AppConfig, to_dict
 from .data import RatingDataset, load_from_config
 from .metrics import mae, rmse
-from .models import build_model, build_star_batch, row_width
+from .models.rating_gnn import build_model, row_width
+from .models.star_graph import build_star_batch
 from .results import RunRecorder
 
 log = logging.getLogger(__name__)
