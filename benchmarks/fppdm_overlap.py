@@ -14,6 +14,8 @@ users' (ids, mu, sigma) back to the round core, which validates them and compute
 After the last round, for every domain:
 - HR@K and NDCG@K (leave-one-out, the project's sampled negatives and seed) over all its test users, over
   those also present in another domain ("shared") and over those present only in it ("only here");
+- the shared users' HR@K and NDCG@K when each is ranked by its barycenter (the global user distribution)
+  instead of its own domain's view ("shared_ranked_by_barycenter");
 - the mean over shared users of W2(the user's local Gaussian, its barycenter) beside two scales of the
   domain's user space: the mean W2 between two of its users (all pairs) and the mean W2 from a user to
   its nearest other user. For single_domain the barycenter is computed but never sent: the distance is
