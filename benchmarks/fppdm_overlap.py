@@ -69,8 +69,7 @@ def user_ranks(trainer: DomainTrainer, evaluation, replace: tuple[np.ndarray, np
     if replace is not None:
         rows, mu_rows, sigma_rows = replace
         mu[rows], sigma[rows] = mu_rows, sigma_rows
-    seed = [trainer.seed, trainer.domain_index, 99]  # the seed DomainTrainer.evaluate passes to ranking_metrics
-    return positive_ranks(trainer.data, mu, sigma, evaluation, seed)
+    return positive_ranks(trainer.data, mu, sigma, evaluation, trainer.evaluation_seed)
 
 
 def group_metrics(ranks: np.ndarray, topk: list[int]) -> dict[str, float]:

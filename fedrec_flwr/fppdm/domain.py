@@ -189,6 +189,11 @@ class DomainTrainer:
                 losses.append(loss.item())
         return float(np.mean(losses)) if losses else 0.0
 
+    @property
+    def evaluation_seed(self) -> list[int]:
+        """The seed of this domain's sampled negatives: the same ones at every evaluation."""
+        return [self.seed, self.domain_index, 99]
+
     def evaluate(self, evaluation: FPPDMEvaluationConfig) -> dict[str, float]:
         """HR@K and NDCG@K of the current model on this domain's test users (see `ranking_metrics`)."""
         if self.data.test_users.size == 0:
@@ -196,7 +201,7 @@ class DomainTrainer:
         with torch.no_grad():
             mu, sigma = self.model()
         return ranking_metrics(self.data, mu.cpu().numpy(), sigma.cpu().numpy(), evaluation,
-                               seed=[self.seed, self.domain_index, 99])  # same negatives every evaluation
+                               seed=self.evaluation_seed)
 
 
 def positive_ranks(d: DomainData, mu: np.ndarray, sigma: np.ndarray, evaluation: FPPDMEvaluationConfig,
