@@ -1,12 +1,16 @@
 """FedGNN graph expansion: GNN type x expansion mode x seed, privacy on, through `flwr run`.
 
     python -m benchmarks.expansion_table --data-dir ../shared/data --datasets ml-100k douban --seeds 0 1 2
+    python -m benchmarks.expansion_table --protocol converged --data-dir ../shared/data --gnns ggnn --seeds 0
 
 Every (dataset, gnn, mode, seed) cell is one `python -m benchmarks.run` job with the paper's
 privacy settings (M = 1000, delta 0.1, lambda 0.2, 128 users per round) and the same protocol
-settings for every cell of a dataset (`SETTINGS`), so rows differ only in the GNN and the
-expansion mode. Finished cells are kept in the JSON and skipped on a rerun, so an interrupted
-sweep continues where it stopped. Writes benchmarks/results/expansion_table.json and prints the
+settings for every cell of a dataset, so rows differ only in the GNN and the expansion mode.
+Two protocols: `short` (40 rounds of the paper preset with tuned server settings, `SETTINGS`) and
+`converged` (the `fedgnn_tuned` preset with its per-dataset file: 300 rounds on ML-100K, 200 on
+Douban, evaluated every 20 so each cell's curve is recorded). Finished cells are kept in the JSON
+and skipped on a rerun, so an interrupted sweep continues where it stopped. Writes
+benchmarks/results/expansion_table.json (short) or expansion_converged.json and prints the
 markdown table (mean +- std of the final RMSE over seeds).
 """
 
@@ -34,10 +38,20 @@ SETTINGS = {
 }
 
 
-def command(dataset: str, gnn: str, mode: str, seed: int, data_dir: str) -> list[str]:
+# The converged protocol is the tuned preset as it stands (its rounds, schedule and per-dataset
+# files); `fixed` expands after the default T = 2 epochs (ML-100K round 15, Douban round 47).
+CONVERGED = {"ml-100k": ["simulation.users_per_node=8"], "douban": ["simulation.users_per_node=8"]}
+PROTOCOLS = {
+    "short": ("fedgnn_paper", SETTINGS, "benchmarks/results/expansion_table.json"),
+    "converged": ("fedgnn_tuned", CONVERGED, "benchmarks/results/expansion_converged.json"),
+}
+
+
+def command(dataset: str, gnn: str, mode: str, seed: int, data_dir: str, protocol: str = "short") -> list[str]:
     """The benchmarks.run arguments of one table cell (also printed in BENCHMARKS.md)."""
-    return ["--preset", "fedgnn_paper", "--dataset", dataset, "--data-dir", data_dir, "--seed", str(seed),
-            "--set", *SETTINGS[dataset], f"model.gnn={gnn}", f"expansion.mode={mode}"]
+    preset, settings, _ = PROTOCOLS[protocol]
+    return ["--preset", preset, "--dataset", dataset, "--data-dir", data_dir, "--seed", str(seed),
+            "--set", *settings[dataset], f"model.gnn={gnn}", f"expansion.mode={mode}"]
 
 
 def table(doc: dict) -> str:
@@ -66,10 +80,17 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def _neighbours(res: dict) -> dict:
-    """Mean neighbours per user after the last expansion (0 without expansion)."""
-    counts = [h["mean_neighbours"] for h in res.get("rounds", []) if "mean_neighbours" in h]
-    return {"neighbours_mean": counts[-1] if counts else 0.0}
+def _cell_record(res: dict) -> dict:
+    """What a cell keeps beside its final metrics: mean neighbours per user after the last expansion
+    (0 without), the RMSE at every evaluated round (to see that the curve flattened), and the
+    accounted budget of the run (`results.json` "privacy")."""
+    rounds = res.get("rounds", [])
+    counts = [h["mean_neighbours"] for h in rounds if "mean_neighbours" in h]
+    record = {"neighbours_mean": counts[-1] if counts else 0.0,
+              "rmse_by_round": {str(h["round"]): h["rmse"] for h in rounds if "rmse" in h}}
+    if res.get("privacy"):
+        record["privacy"] = res["privacy"]
+    return record
 
 
 def main() -> None:
@@ -80,13 +101,15 @@ def main() -> None:
     ap.add_argument("--gnns", nargs="+", default=list(GNNS), choices=GNNS)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--out", default="benchmarks/results/expansion_table.json")
+    ap.add_argument("--protocol", default="short", choices=list(PROTOCOLS))
+    ap.add_argument("--out", help="default: the protocol's file under benchmarks/results/")
     args = ap.parse_args()
-    out = Path(args.out)
-    doc = load_sweep(out, args.datasets, SETTINGS)
-    cells = [({"dataset": d, "gnn": g, "mode": m, "seed": s}, command(d, g, m, s, args.data_dir))
+    preset, settings, default_out = PROTOCOLS[args.protocol]
+    out = Path(args.out or default_out)
+    doc = load_sweep(out, args.datasets, {"preset": preset, "settings": settings})
+    cells = [({"dataset": d, "gnn": g, "mode": m, "seed": s}, command(d, g, m, s, args.data_dir, args.protocol))
              for d in args.datasets for s in args.seeds for g in args.gnns for m in args.modes]
-    run_missing(doc, out, cells, "expansion_table", extra=_neighbours)
+    run_missing(doc, out, cells, "expansion_table", extra=_cell_record)
     print(table(doc))
 
 
