@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.sweep import load_sweep, run_missing
+from fedrec_flwr.fedgnn.protocol import PHASE_TRAIN
 
 GNNS = ("gat", "gcn", "ggnn")
 MODES = ("none", "trainable", "fixed")
@@ -82,12 +83,17 @@ def table(doc: dict) -> str:
 
 def _cell_record(res: dict) -> dict:
     """What a cell keeps beside its final metrics: mean neighbours per user after the last expansion
-    (0 without), the RMSE at every evaluated round (to see that the curve flattened), and the
-    accounted budget of the run (`results.json` "privacy")."""
+    (0 without), the RMSE after every evaluated training round (to see that the curve flattened;
+    keyed by training rounds done, so registration and expansion rounds do not shift the keys), and
+    the accounted budget of the run (`results.json` "privacy")."""
     rounds = res.get("rounds", [])
     counts = [h["mean_neighbours"] for h in rounds if "mean_neighbours" in h]
-    record = {"neighbours_mean": counts[-1] if counts else 0.0,
-              "rmse_by_round": {str(h["round"]): h["rmse"] for h in rounds if "rmse" in h}}
+    curve, trained = {}, 0
+    for h in rounds:
+        trained += h.get("phase") == PHASE_TRAIN
+        if "rmse" in h:
+            curve[str(trained)] = h["rmse"]
+    record = {"neighbours_mean": counts[-1] if counts else 0.0, "rmse_by_round": curve}
     if res.get("privacy"):
         record["privacy"] = res["privacy"]
     return record

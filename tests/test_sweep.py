@@ -54,7 +54,9 @@ def test_converged_cells_run_the_tuned_preset_and_keep_each_curve_and_budget():
     assert argv[:2] == ["--preset", "fedgnn_tuned"] and "federation.rounds=40" not in argv  # the preset's own schedule
     assert {"model.gnn=ggnn", "expansion.mode=fixed"} <= set(argv) and argv[argv.index("--seed") + 1] == "2"
     budget = {"neighbouring": "user", "per_user_run": {"median": {"tight": 3.0}}}
-    rounds = [{"round": 20, "rmse": 0.9}, {"round": 30, "mean_neighbours": 9.5}, {"round": 40, "rmse": 0.8}]
-    record = _cell_record({"rounds": rounds, "privacy": budget})
-    assert record == {"neighbours_mean": 9.5, "rmse_by_round": {"20": 0.9, "40": 0.8}, "privacy": budget}
+    rounds = [{"round": 1, "phase": "register"}, {"round": 2, "phase": "train", "rmse": 0.9},
+              {"round": 3, "phase": "expand-fetch", "mean_neighbours": 9.5}, {"round": 4, "phase": "train"},
+              {"round": 5, "phase": "train", "rmse": 0.8}]
+    record = _cell_record({"rounds": rounds, "privacy": budget})  # keyed by training rounds done: 1 and 3
+    assert record == {"neighbours_mean": 9.5, "rmse_by_round": {"1": 0.9, "3": 0.8}, "privacy": budget}
     assert _cell_record({"rounds": []}) == {"neighbours_mean": 0.0, "rmse_by_round": {}}
