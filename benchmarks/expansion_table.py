@@ -81,7 +81,7 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def _cell_record(res: dict) -> dict:
+def cell_record(res: dict) -> dict:
     """What a cell keeps beside its final metrics: mean neighbours per user after the last expansion
     (0 without), the RMSE after every evaluated training round (to see that the curve flattened;
     keyed by training rounds done, so registration and expansion rounds do not shift the keys), and
@@ -115,7 +115,7 @@ def main() -> None:
     doc = load_sweep(out, args.datasets, {"preset": preset, "settings": settings})
     cells = [({"dataset": d, "gnn": g, "mode": m, "seed": s}, command(d, g, m, s, args.data_dir, args.protocol))
              for d in args.datasets for s in args.seeds for g in args.gnns for m in args.modes]
-    run_missing(doc, out, cells, "expansion_table", extra=_cell_record)
+    run_missing(doc, out, cells, "expansion_table", extra=cell_record)
     print(table(doc))
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import benchmarks.sweep as sweep
-from benchmarks.expansion_table import command, table
+from benchmarks.expansion_table import cell_record, command, table
 
 
 def _fake_runs(monkeypatch, calls: list, fail_at: int | None = None):
@@ -48,8 +48,6 @@ def test_interrupted_sweep_continues_without_rerunning_finished_cells(tmp_path, 
 
 
 def test_converged_cells_run_the_tuned_preset_and_keep_each_curve_and_budget():
-    from benchmarks.expansion_table import _cell_record
-
     argv = command("douban", "ggnn", "fixed", 2, "data", protocol="converged")
     assert argv[:2] == ["--preset", "fedgnn_tuned"] and "federation.rounds=40" not in argv  # the preset's own schedule
     assert {"model.gnn=ggnn", "expansion.mode=fixed"} <= set(argv) and argv[argv.index("--seed") + 1] == "2"
@@ -57,6 +55,6 @@ def test_converged_cells_run_the_tuned_preset_and_keep_each_curve_and_budget():
     rounds = [{"round": 1, "phase": "register"}, {"round": 2, "phase": "train", "rmse": 0.9},
               {"round": 3, "phase": "expand-fetch", "mean_neighbours": 9.5}, {"round": 4, "phase": "train"},
               {"round": 5, "phase": "train", "rmse": 0.8}]
-    record = _cell_record({"rounds": rounds, "privacy": budget})  # keyed by training rounds done: 1 and 3
+    record = cell_record({"rounds": rounds, "privacy": budget})  # keyed by training rounds done: 1 and 3
     assert record == {"neighbours_mean": 9.5, "rmse_by_round": {"1": 0.9, "3": 0.8}, "privacy": budget}
-    assert _cell_record({"rounds": []}) == {"neighbours_mean": 0.0, "rmse_by_round": {}}
+    assert cell_record({"rounds": []}) == {"neighbours_mean": 0.0, "rmse_by_round": {}}
