@@ -41,7 +41,7 @@ SETTINGS = {
 
 # The converged protocol is the tuned preset as it stands (its rounds, schedule and per-dataset
 # files); `fixed` expands after the default T = 2 epochs (ML-100K round 15, Douban round 47).
-CONVERGED = {"ml-100k": ["simulation.users_per_node=8"], "douban": ["simulation.users_per_node=8"]}
+CONVERGED = {dataset: ["simulation.users_per_node=8"] for dataset in SETTINGS}
 PROTOCOLS = {
     "short": ("fedgnn_paper", SETTINGS, "benchmarks/results/expansion_table.json"),
     "converged": ("fedgnn_tuned", CONVERGED, "benchmarks/results/expansion_converged.json"),
