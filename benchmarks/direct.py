@@ -25,6 +25,7 @@ from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.models.rating_gnn import build_model
+from fedrec_flwr.results import RunFailed
 
 
 def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int], FedGNNUser]) -> None:
@@ -51,7 +52,8 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
-    rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(meta.num_users, block_size=1), meta.scale.high - meta.scale.low)
+    rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(meta.num_users, block_size=1), meta.scale.high - meta.scale.low,
+                                      test_ratings=meta.num_test)
     store = MemoryStore()
     device_cfg = DeviceConfig.from_config(cfg)
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device-side model, shared by users in turn
@@ -59,7 +61,7 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
     def user(u: int) -> FedGNNUser:
         return FedGNNUser(device_cfg, meta, parts.user(u), store, device, model)
 
-    users = [u for u in range(meta.num_users) if parts.user(u).train_items.size]
+    users = list(range(meta.num_users))  # every user registers, as under flwr run: cold users are scored too
     register_users(rounds, users, user)
     connected = set(users)  # node id = user id
     history, t_start = [], time.time()
@@ -100,11 +102,15 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
             if log_every:
                 print(f"[direct] round {rec['round']} rmse {rec['rmse']:.4f} ({rec['round_seconds']:.2f}s/round)", flush=True)
         history.append(rec)
+    why = rounds.failure()
+    if why is not None:
+        raise RunFailed(why)
     train_secs = [h["round_seconds"] for h in history]
     return {"rmse": history[-1].get("rmse"), "median_round_seconds": float(np.median(train_secs)),
             "clients_per_second": cfg.federation.clients_per_round / float(np.median(train_secs)),
             "wall_seconds": time.time() - t_start, "uploads_per_user": rounds.upload_counts(),
-            "rejected": sum(h["rejected"] for h in history), "history": history}
+            "rejected": sum(h["rejected"] for h in history), "rounds_not_applied": rounds.rounds_not_applied,
+            "eval_ratings": rounds.final["eval_ratings"], "test_ratings": rounds.test_ratings, "history": history}
 
 
 def main() -> None:
@@ -120,7 +126,10 @@ def main() -> None:
     with input_errors_exit():
         overrides = [f"data.data_dir={args.data_dir}", *parse_overrides(" ".join(args.set))]
         cfg = load_config(args.preset, args.dataset, overrides)
-        out = run_direct(cfg, torch.device(args.device))
+        try:
+            out = run_direct(cfg, torch.device(args.device))
+        except RunFailed as exc:
+            raise SystemExit(f"error: run failed: {exc}") from None
     out.pop("history")
     print(out)
 

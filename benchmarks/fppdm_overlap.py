@@ -124,8 +124,9 @@ def run_variant(cfg: AppConfig, ds: MultiDomainDataset) -> dict:
     for k, tr in enumerate(trainers):
         d = tr.data
         others = np.concatenate([o.data.global_ids for j, o in enumerate(trainers) if j != k] or [np.zeros(0, np.int64)])
-        shared_user = np.isin(d.global_ids, others)  # per local user: present in another domain too
-        ranks, test_shared = user_ranks(tr, f.evaluation), shared_user[d.test_users]
+        shared_row = np.isin(d.row_ids, others)  # per user row: present in another domain too
+        shared_user = shared_row[: d.num_uploaded]  # ... among the users this domain trains and uploads
+        ranks, test_shared = user_ranks(tr, f.evaluation), shared_row[d.test_users]
         mu, sigma = tr.user_distributions()  # what this domain uploaded in the last round
         pos = np.searchsorted(glob.ids, d.global_ids[shared_user])
         moved = w2(mu[shared_user], sigma[shared_user], glob.mu[pos], glob.sigma[pos])
@@ -133,7 +134,7 @@ def run_variant(cfg: AppConfig, ds: MultiDomainDataset) -> dict:
         # the global user distribution at evaluation: shared users ranked by their barycenter, not their local view
         by_barycenter = user_ranks(tr, f.evaluation, (np.flatnonzero(shared_user), glob.mu[pos], glob.sigma[pos]))
         domains[d.name] = {
-            "users": d.num_users, "shared_users": int(shared_user.sum()),
+            "users": d.num_uploaded, "shared_users": int(shared_user.sum()),
             "all": group_metrics(ranks, f.evaluation.topk),
             "shared": group_metrics(ranks[test_shared], f.evaluation.topk),
             "only_here": group_metrics(ranks[~test_shared], f.evaluation.topk),

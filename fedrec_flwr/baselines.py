@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .data import RatingDataset
+from .data import RatingDataset, Ratings
 from .metrics import rmse
 
 BIAS_PASSES = 10
@@ -51,9 +51,11 @@ def _mean_or_global(keys: np.ndarray, values: np.ndarray, size: int, mu: float) 
     return np.where(counts > 0, _group_mean(keys, values, size), mu)
 
 
-def baseline_rmses(ds: RatingDataset) -> dict[str, float]:
-    """Test RMSE of the global-mean, user-mean, item-mean and bias predictors on `ds`'s split."""
-    tr, te = ds.train, ds.test
+def baseline_rmses(ds: RatingDataset, users: np.ndarray | list[int] | None = None) -> dict[str, float]:
+    """Test RMSE of the global-mean, user-mean, item-mean and bias predictors on `ds`'s split: on every test
+    rating, or on those of `users` (the users a federated evaluation scored), so that a model and its
+    baselines are always measured on the same ratings. Fitted on the whole training split either way."""
+    tr, te = ds.train, _test_of(ds, users)
     low, high = ds.scale.low, ds.scale.high
     values = tr.values.astype(np.float64)
     mu = float(values.mean())
@@ -69,6 +71,21 @@ def baseline_rmses(ds: RatingDataset) -> dict[str, float]:
     }
 
 
+def _test_of(ds: RatingDataset, users: np.ndarray | list[int] | None) -> Ratings:
+    """The split's test ratings, or those of `users`."""
+    if users is None:
+        return ds.test
+    keep = np.isin(ds.test.users, np.asarray(users, np.int64))
+    return Ratings(ds.test.users[keep], ds.test.items[keep], ds.test.values[keep])
+
+
+def baselines_on_users(ds: RatingDataset, users: list[int]) -> tuple[dict[str, float], int]:
+    """(`baseline_rmses` on the test ratings of `users`, how many ratings that is): what a FedGNN run records
+    beside the RMSE its evaluating users reported."""
+    return baseline_rmses(ds, users), len(_test_of(ds, users))
+
+
 def best_trivial(baselines: dict[str, float]) -> float:
     """The lowest RMSE among the three trivial baselines (global, user and item mean)."""
     return min(baselines[k] for k in ("global_mean", "user_mean", "item_mean"))
+

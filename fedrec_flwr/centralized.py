@@ -87,7 +87,8 @@ class CentralizedTrainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Test RMSE and MAE over all users, predictions clipped to the rating scale, on the dataset's scale."""
+        """Test RMSE and MAE over every test rating (users without training ratings too), predictions clipped to
+        the rating scale, on the dataset's scale; with the count scored beside the split's."""
         self.model.eval()
         preds, targets = [], []
         users = np.flatnonzero([len(i) > 0 for i, _ in self.test])
@@ -98,7 +99,8 @@ class CentralizedTrainer:
             targets.append(np.concatenate([v for _, v in te]))
         p, t = np.concatenate(preds), np.concatenate(targets)
         s, factor = self.units, self.ds.scale.unit_factor  # errors in reference units, reported on the dataset's scale
-        return {"rmse": rmse(p, t, s.low, s.high) * factor, "mae": mae(p, t, s.low, s.high) * factor}
+        return {"rmse": rmse(p, t, s.low, s.high) * factor, "mae": mae(p, t, s.low, s.high) * factor,
+                "eval_ratings": int(t.size), "test_ratings": len(self.ds.test)}
 
 
 def run_centralized(cfg: AppConfig) -> dict:

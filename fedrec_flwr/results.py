@@ -12,6 +12,10 @@ from typing import Any
 from .fsutil import atomic_write as _atomic_write
 
 
+class RunFailed(RuntimeError):
+    """A run that ended without a result it may report (nothing trained, nothing scored): the message says why."""
+
+
 class RunRecorder:
     """Collects per-round records and writes them after every round, so a killed run keeps its history."""
 

@@ -10,7 +10,7 @@ from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fedrec_flwr.algorithms import get_algorithm
-from fedrec_flwr.baselines import baseline_rmses
+from fedrec_flwr.baselines import baseline_rmses, baselines_on_users
 from fedrec_flwr.config import from_run_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.fedgnn.protocol import ExpansionLink
@@ -52,12 +52,16 @@ def fedgnn_components(cfg) -> ServerAppComponents:
     strategy for registration + `rounds` training rounds (+ expansion)."""
     from strategies.fedgnn import FedGNNStrategy
 
-    baselines = None
+    baselines = baselines_of = None
     if cfg.data.catalogue:  # deployment: public dataset facts only, the ratings stay on the devices
         meta = load_catalogue(cfg.data.catalogue)["meta"]
-    else:  # simulation: the data is here anyway, so record what a model must beat
+    else:  # simulation: the data is here anyway, so record what a model must beat, on the ratings it is scored on
         parts = UserPartitions(prepare_partitions(cfg.data))
-        meta, baselines = parts.meta, baseline_rmses(parts.ratings())
+        ratings = parts.ratings()
+        meta, baselines = parts.meta, baseline_rmses(ratings)
+
+        def baselines_of(users: list[int]) -> tuple[dict[str, float], int]:
+            return baselines_on_users(ratings, users)
     log.info("dataset %s: %d users, %d items, %d train / %d test ratings; output %s", meta.dataset, meta.num_users,
              meta.num_items, meta.num_train, meta.num_test, cfg.output_dir)
     recorder = RunRecorder(cfg.output_dir, cfg.algorithm, meta.dataset, to_dict(cfg))
@@ -65,7 +69,8 @@ def fedgnn_components(cfg) -> ServerAppComponents:
         recorder.set_baselines(baselines)
     link = _expansion_link(cfg, meta.num_items) if cfg.expansion.mode != "none" else None
     strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, recorder, meta.num_users, link,
-                              num_item_features=meta.num_item_features, rating_span=meta.scale.high - meta.scale.low)
+                              num_item_features=meta.num_item_features, rating_span=meta.scale.high - meta.scale.low,
+                              test_ratings=meta.num_test, baselines=baselines_of)
     timeout = cfg.federation.round_timeout or None
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=strategy.num_rounds, round_timeout=timeout))
 

@@ -14,6 +14,8 @@ _BASELINE_NAMES = {"global_mean": "global mean", "user_mean": "user mean", "item
 def summarize(path: str) -> str:
     """A short summary: final metrics beside the split's baselines, rounds, wall time, traffic, privacy."""
     doc = load_results(path)
+    if doc.get("status") != "finished":  # a failed or unfinished run has no result to show
+        return f"{doc['algorithm']} on {doc['dataset']}: {doc.get('status')}: {doc.get('error', 'no final metrics')}"
     rounds = [r for r in doc["rounds"] if r.get("phase") == "train" or "train_loss" in r]
     final = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in doc["final"].items())
     up = [r["bytes_up"] for r in rounds if "bytes_up" in r]
@@ -22,10 +24,18 @@ def summarize(path: str) -> str:
         f"{doc['algorithm']} on {doc['dataset']} ({doc.get('status')}): {final}",
         f"  training rounds: {len(rounds)}, wall: {doc['wall_seconds']:.1f}s",
     ]
+    if doc.get("rounds_not_applied"):
+        lines.append(f"  {doc['rounds_not_applied']} of {len(rounds)} training rounds were not applied "
+                     "(fewer than min_clients accepted uploads)")
+    scored, total = doc["final"].get("eval_ratings"), doc["final"].get("test_ratings")
+    if scored is not None and total is not None:
+        lines.append(f"  test ratings scored: {scored:,} of the split's {total:,}")
     baselines = doc.get("baselines")
     rmse = doc["final"].get("rmse")
     if baselines:
-        lines.append("  test RMSE of centralized baselines on the same split (no federation, no privacy):")
+        on = doc.get("baseline_ratings")
+        lines.append("  test RMSE of centralized baselines (no federation, no privacy) on "
+                     + (f"the same {on:,} test ratings:" if on is not None else "the same split:"))
         lines += [f"    {_BASELINE_NAMES.get(k, k):32s} {v:.4f}" for k, v in baselines.items()]
         if rmse is not None:
             best = best_trivial(baselines)

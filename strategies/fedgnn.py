@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Callable
 
 from flwr.common import EvaluateIns, FitIns, Parameters, ndarrays_to_parameters
 from flwr.server.client_manager import ClientManager
@@ -46,7 +47,8 @@ class FedGNNStrategy(FedAvg):
     def __init__(
         self, cfg: AppConfig, num_items: int, bias_init: float, recorder: RunRecorder | None = None,
         num_users: int = 0, expansion: ExpansionLink | None = None, num_item_features: int = 0, *,
-        rating_span: float, **kwargs,
+        rating_span: float, test_ratings: int | None = None,
+        baselines: Callable[[list[int]], tuple[dict[str, float], int]] | None = None, **kwargs,
     ):
         super().__init__(min_fit_clients=1, min_evaluate_clients=1, min_available_clients=1, accept_failures=True,
                          **kwargs)
@@ -54,7 +56,8 @@ class FedGNNStrategy(FedAvg):
         self.server = FedGNNServer.from_config(cfg, num_items, bias_init, num_item_features=num_item_features)
         self.registry = registry_for(num_users, cfg.deployment, cfg.data.catalogue, cfg.simulation.users_per_node)
         self.recorder = recorder
-        self.rounds = FedGNNRounds.from_config(cfg, self.server, self.registry, rating_span, recorder)
+        self.rounds = FedGNNRounds.from_config(cfg, self.server, self.registry, rating_span, recorder, test_ratings,
+                                               baselines)
         self.expansion = expansion
         if cfg.expansion.mode != "none" and expansion is None:
             raise ValueError(f"expansion.mode = {cfg.expansion.mode!r} needs a neighbour service link")

@@ -33,7 +33,7 @@ from clients.user_store import NodeStateStore
 from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.client_app import client_fn, users_of
 from fedrec_flwr.config import CONF_DIR, load_config, to_dict
-from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.data import UserPartitions, load_from_config, prepare_partitions
 from fedrec_flwr.data.registry import get_spec
 from fedrec_flwr.server_app import fedgnn_components, server_fn
 
@@ -50,6 +50,10 @@ SIZES = {
 }
 FEDGNN_DATASETS = list(SIZES)
 FIXTURE_USERS, FIXTURE_ITEMS, PER_USER = 24, 30, 8
+# every fixture also holds a cold user (test ratings only: raw id FIXTURE_USERS + 1) and a cold item (rated in
+# the test split only: raw id FIXTURE_ITEMS + 1), which a run must score like any other test rating
+COLD_USER, COLD_ITEM = FIXTURE_USERS + 1, FIXTURE_ITEMS + 1
+ALL_USERS = FIXTURE_USERS + 1
 
 
 def _ratings(scale, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -63,30 +67,41 @@ def _ratings(scale, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _write_split_files(root: Path, rels: list[str], scale) -> None:
-    """ML-100K: u1.base / u1.test, `user \\t item \\t rating \\t timestamp`, the last 2 ratings of each user held out."""
+    """ML-100K: u1.base / u1.test, `user \\t item \\t rating \\t timestamp`, the last 2 ratings of each user held
+    out, and the cold user's and the cold item's ratings in u1.test."""
     users, items, values = _ratings(scale, 0)
+    users = np.r_[users, COLD_USER, COLD_USER, 1]
+    items = np.r_[items, 1, 2, COLD_ITEM]
+    values = np.r_[values, scale.low, scale.high, scale.high]
     lines = [f"{u}\t{i}\t{v:g}\t881250949" for u, i, v in zip(users, items, values)]
-    test = [k % PER_USER >= PER_USER - 2 for k in range(len(lines))]
+    test = [k % PER_USER >= PER_USER - 2 or k >= FIXTURE_USERS * PER_USER for k in range(len(lines))]
     for rel, held in zip(rels, (False, True)):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text("".join(line + "\n" for line, t in zip(lines, test) if t == held))
 
 
 def _write_mat(root: Path, rels: list[str], scale) -> None:
-    """sRGCNN .mat (MATLAB v7.3): rating matrix M and disjoint 0/1 masks Otraining / Otest."""
+    """sRGCNN .mat (MATLAB v7.3): rating matrix M and disjoint 0/1 masks Otraining / Otest (the cold user's row
+    and the cold item's column have Otest entries only)."""
     users, items, values = _ratings(scale, 1)
-    m = np.zeros((FIXTURE_USERS, FIXTURE_ITEMS))
+    m = np.zeros((ALL_USERS, COLD_ITEM))
     m[users - 1, items - 1] = values
     o_test = np.zeros_like(m)
     o_test[users[PER_USER - 1 :: PER_USER] - 1, items[PER_USER - 1 :: PER_USER] - 1] = 1
+    m[COLD_USER - 1, :2] = m[0, COLD_ITEM - 1] = scale.high
+    o_test[COLD_USER - 1, :2] = o_test[0, COLD_ITEM - 1] = 1
     o_train = (m != 0) & (o_test == 0)
     (root / rels[0]).parent.mkdir(parents=True, exist_ok=True)
     write_mat_v73(root / rels[0], {"M": m, "Otraining": o_train.astype(float), "Otest": o_test})
 
 
 def _write_ratings_dat(root: Path, rels: list[str], scale) -> None:
-    """MovieLens-1M/10M ratings.dat, `user::item::rating::timestamp` (the loader makes GC-MC's random split)."""
+    """MovieLens-1M/10M ratings.dat, `user::item::rating::timestamp` (the loader makes GC-MC's random split):
+    two of the lines that split puts in the test set are the cold user's and the cold item's only ratings."""
     users, items, values = _ratings(scale, 2)
+    n = users.size
+    first_tests = np.random.RandomState(1234).permutation(n)[:2]  # load_ratings_dat's split: its first test lines
+    users[first_tests], items[first_tests] = (COLD_USER, 1), (1, COLD_ITEM)
     (root / rels[0]).parent.mkdir(parents=True, exist_ok=True)
     (root / rels[0]).write_text("".join(f"{u}::{i}::{v:g}::978300760\n" for u, i, v in zip(users, items, values)))
 
@@ -153,6 +168,16 @@ def _two_round_config(name: str, tmp_path: Path, preset: str = "fedgnn_tuned"):
     return cfg, scale
 
 
+def _check_every_test_rating_scored(doc: dict, cfg) -> None:
+    """The fixture has a cold user and a cold item, and the run scored all its test ratings, the baselines
+    beside it the same ones."""
+    ds = load_from_config(cfg.data)
+    tested, trained = set(ds.test.users.tolist()), set(ds.train.users.tolist())
+    assert tested - trained and set(ds.test.items.tolist()) - set(ds.train.items.tolist()), "no cold user or item"
+    final = doc["final"]
+    assert final["eval_ratings"] == final["test_ratings"] == doc["baseline_ratings"] == len(ds.test)
+
+
 def _check_final(doc: dict, name: str, scale, settings: dict) -> None:
     assert doc["status"] == "finished" and doc["dataset"] == name
     rmse = doc["final"]["rmse"]
@@ -181,9 +206,11 @@ def test_a_two_round_fedgnn_tuned_run_on_a_fixture_of_each_dataset(name, tmp_pat
     per_node = cfg.simulation.users_per_node
     clients = {1000 + p: FedGNNClient(cfg, parts.meta, users_of({"partition-id": p}, per_node, parts.meta.num_users),
                                       parts.user, NodeStateStore(RecordDict())) for p in range(num_nodes)}
-    assert num_nodes == -(-FIXTURE_USERS // per_node)
+    assert num_nodes == -(-ALL_USERS // per_node)
     drive(strategy, clients)
-    _check_final(json.loads((Path(cfg.output_dir) / "results.json").read_text()), name, scale, _settings(name))
+    doc = json.loads((Path(cfg.output_dir) / "results.json").read_text())
+    _check_final(doc, name, scale, _settings(name))
+    _check_every_test_rating_scored(doc, cfg)
 
 
 def _in_process_flwr_run(cmd: list[str], env) -> int:
@@ -236,9 +263,10 @@ def test_flixster_through_the_benchmark_driver(tmp_path, capsys, monkeypatch, tr
     run_driver.main(["--preset", "fedgnn_tuned", "--dataset", "flixster", "--data-dir", str(tmp_path / "data"),
                      "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--set", "federation.rounds=2"])
     printed = capsys.readouterr().out.strip().splitlines()
-    assert "num-supernodes=8" in next(line for line in printed if line.startswith("+ "))  # 24 users, 3 per node
+    assert "num-supernodes=9" in next(line for line in printed if line.startswith("+ "))  # 25 users, 3 per node
     final = json.loads(printed[-1])
     doc = json.loads((out / "results.json").read_text())
     assert final["rmse"] == doc["final"]["rmse"]
     _check_final(doc, "flixster", scale, _settings("flixster"))
-    assert doc["rounds"][0]["phase"] == "register" and doc["rounds"][0]["accepted"] == FIXTURE_USERS
+    _check_every_test_rating_scored(doc, load_config("fedgnn_tuned", "flixster", [f"data.data_dir={tmp_path / 'data'}"]))
+    assert doc["rounds"][0]["phase"] == "register" and doc["rounds"][0]["accepted"] == ALL_USERS

@@ -21,7 +21,7 @@ from fedrec_flwr.fppdm.domain import (
 from fedrec_flwr.fppdm.rounds import MAX_ABS_MU, MAX_SIGMA, validate_distributions
 from fedrec_flwr.messages import UploadRejected
 from fedrec_flwr.models.gaussian_gcn import w2_squared
-from fedrec_flwr.results import RunRecorder
+from fedrec_flwr.results import RunRecorder, load_results
 from strategies.fppdm import WassersteinBarycenterStrategy
 
 
@@ -388,3 +388,29 @@ def test_the_round_core_reads_only_its_sections():
     alone = rounds(aggregate=False)
     alone.train(1, [NodeReply(0, upload)], [], 0.0)
     assert alone.global_users.ids.tolist() == [0, 1] and alone.download(0) == []  # nothing sent back
+
+
+def test_every_test_user_of_every_domain_is_ranked_cold_users_too(tmp_path):
+    """Each domain gets a cold test user (a test item, no training positive there; trained in another domain):
+    it is ranked from its distribution as initialised, never trained or uploaded, and the run reports how many
+    test users each domain ranked: all of them."""
+    from dataclasses import replace
+
+    cfg = _cfg(tmp_path, "fppdm.training.local_epochs=1", "federation.rounds=2", "federation.eval_every=2")
+    ds = make_synthetic_multidomain(seed=0, num_domains=3)
+    domains = []
+    for k, dom in enumerate(ds.domains):
+        other = np.unique(ds.domains[(k + 1) % 3].train_users)
+        cold = int(np.setdiff1d(other, dom.train_users)[0])  # a user this domain has never seen
+        domains.append(replace(dom, test_users=np.r_[dom.test_users, cold], test_items=np.r_[dom.test_items, 0]))
+        data = DomainData(domains[-1])
+        assert cold in data.cold_ids and cold not in data.global_ids
+    recorder = RunRecorder(tmp_path, "fppdm", ds.name, {})
+    strategy = WassersteinBarycenterStrategy(cfg, ds.num_users, 3, recorder)
+    clients = {k: _Recorded(FPPDMDomainClient(cfg, dom, k, _Store())) for k, dom in enumerate(domains)}
+    drive(strategy, clients)
+    for k, dom in enumerate(domains):
+        assert all(np.array_equal(arrays[0], np.unique(dom.train_users)) for arrays in clients[k].uploads)
+    final = load_results(tmp_path)["final"]
+    assert [final[f"{dom.name}/ranked"] for dom in domains] == [dom.test_users.size for dom in domains]
+    assert final["ranked_users"] == sum(dom.test_users.size for dom in domains)

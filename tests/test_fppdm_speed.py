@@ -41,11 +41,13 @@ def test_row_plan_gives_the_full_propagations_rows_and_gradients(layers, full_fr
     mu_b, sigma_b = model.forward_rows(plan)
     (weights * mu_b).sum().backward()
     (weights * sigma_b).sum().backward()
-    assert torch.allclose(mu_b, ref_rows[0], rtol=1e-5, atol=1e-7)
-    assert torch.allclose(sigma_b, ref_rows[1], rtol=1e-5, atol=1e-7)
+    # one propagation and its backward, summed in another order: float32 reassociation over the <= 200 terms of a
+    # row gives at most n u = 200 * 6e-8 ~ 1e-5 of the row's scale (see the bound above the training test)
+    for got, want in ((mu_b, ref_rows[0]), (sigma_b, ref_rows[1])):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
     assert model.mu.grad.shape == (n, 8)
-    assert torch.allclose(model.mu.grad, ref_grads[0], rtol=1e-5, atol=1e-7)
-    assert torch.allclose(model.sigma_raw.grad, ref_grads[1], rtol=1e-5, atol=1e-7)
+    for got, want in ((model.mu.grad, ref_grads[0]), (model.sigma_raw.grad, ref_grads[1])):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
 
 
 def _train(row_propagation: bool, extra: list[str], threads: int = 1,
@@ -79,26 +81,28 @@ CASES = [
 ]
 
 
+# Two code paths that sum in different orders (row propagation against the whole graph; fused Adam against
+# torch's default kernels) agree only up to float32 rounding, not bitwise. The bound: float32's unit roundoff
+# is u = 2**-24 = 6e-8, and a propagated row or a batch loss sums at most a few hundred terms, so one step's
+# values differ by at most about n u = 1e-5 relative. Adam's normalised step m / sqrt(v) passes a relative
+# difference through unchanged, except on a coordinate whose gradient is itself near zero, where it can move
+# a step of up to lr. So after the ~80 Adam steps compared here, losses agree to 1e-5 relative, 99.9% of the
+# entries of every table to 1e-5 of its scale, and the rare near-zero-gradient entries to 1e-4 of it.
+LOSS_RTOL, BULK, WORST, BULK_SHARE = 1e-5, 1e-5, 1e-4, 0.999
+
+
+@pytest.mark.parametrize("fused_adam", [False, True])
 @pytest.mark.parametrize("extra, threads", CASES)
-def test_row_propagation_trains_the_same_parameters_as_the_whole_graph_reference(extra, threads):
-    """Two rounds of two epochs (about 80 Adam steps) from the same seed, with the same Adam kernels: the
-    losses and every parameter equal the reference's (the whole graph propagated every step)."""
+def test_row_propagation_trains_the_same_parameters_as_the_whole_graph_reference(extra, threads, fused_adam):
+    """Two rounds of two epochs (about 80 Adam steps) from the same seed: the fast path's losses and every
+    trained table equal the reference's (the whole graph propagated every step, torch's default Adam) within
+    the float32 tolerance above, with the reference's Adam kernels and with the fused one it uses by default."""
     ref_losses, ref = _train(False, extra)
-    losses, got = _train(True, extra, threads, fused_adam=False)
-    assert np.allclose(losses, ref_losses, rtol=1e-6)
+    losses, got = _train(True, extra, threads, fused_adam=fused_adam)
+    assert np.allclose(losses, ref_losses, rtol=LOSS_RTOL, atol=0)
     assert ref.keys() == got.keys()
     for key in ref:
-        assert np.allclose(got[key], ref[key], rtol=1e-6, atol=1e-7), key
-
-
-@pytest.mark.parametrize("extra, threads", CASES)
-def test_fast_path_with_fused_adam_stays_within_float_rounding_of_the_reference(extra, threads):
-    """The default fast path also fuses Adam's update: its rounding differs in the last bits, and Adam's
-    normalised steps carry that along, so after 80 steps the tables agree to about 1e-5 of their scale."""
-    ref_losses, ref = _train(False, extra)
-    losses, got = _train(True, extra, threads)
-    assert np.allclose(losses, ref_losses, rtol=1e-5)
-    for key in ref:
         scale = max(float(np.abs(ref[key]).max()), 1e-6)
-        assert np.abs(got[key] - ref[key]).max() <= 1e-4 * scale, key
-        assert np.mean(np.abs(got[key] - ref[key]) <= 1e-5 * scale + 1e-7) >= 0.999, key
+        diff = np.abs(got[key] - ref[key])
+        assert diff.max() <= WORST * scale, (key, diff.max() / scale)
+        assert np.mean(diff <= BULK * scale + 1e-7) >= BULK_SHARE, key

@@ -116,9 +116,11 @@ def test_an_fppdm_round_that_evaluates_prints_one_line(tmp_path, capsys):
     recorder = RunRecorder(tmp_path, "fppdm", "s", {})
     rounds = FPPDMRounds.from_config(cfg, 10, recorder)
     evaluation = [NodeReply(0, metrics={"n": 3, "domain": "a", "hr@10": 0.5, "ndcg@10": 0.25})]
+    dim = cfg.fppdm.model.dim
+    upload = [NodeReply(0, [np.arange(3), np.zeros((3, dim), np.float32), np.full((3, dim), 0.5, np.float32)])]
     capsys.readouterr()
     for rnd in (1, 2, 3):
-        rounds.train(rnd, [], [], 0.0)
+        rounds.train(rnd, upload, [], 0.0)
         if rounds.is_eval_round(rnd):
             rounds.evaluate(rnd, evaluation)
     rounds.finish()

@@ -59,3 +59,62 @@ def test_a_server_app_that_fails_at_start_exits_non_zero_with_the_reason(tmp_pat
     assert "federated run failed" in str(stop.value) and "no checkpoint at" in str(stop.value)
     assert "0.123" not in capsys.readouterr().out
     assert load_results(out)["status"] == "failed"
+
+
+def _crashing_run(tiny_cfg, tmp_path, *overrides: str) -> FedGNNStrategy:
+    """A small FedGNN run, one node per user, whose nodes crash in training as `faults.crash` draws."""
+    from inprocess import drive
+    from test_fedgnn_protocol import _nodes
+
+    from fedrec_flwr.data import UserPartitions, prepare_partitions
+
+    cfg = tiny_cfg("federation.rounds=4", "federation.clients_per_round=8", "federation.eval_every=2",
+                   "simulation.users_per_node=1", *overrides)
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint,
+                              RunRecorder(cfg.output_dir, "fedgnn", "synthetic", {}), parts.meta.num_users,
+                              rating_span=4.0, test_ratings=parts.meta.num_test)
+    drive(strategy, _nodes(cfg, parts, 1, 1))
+    return strategy
+
+
+def test_a_run_in_which_no_round_trained_fails_with_the_reason(tiny_cfg, tmp_path, capsys):
+    """Every node crashes in every training round: the evaluations score the untrained model, but the run
+    reports no result: status failed, the reason, no FINAL line."""
+    strategy = _crashing_run(tiny_cfg, tmp_path, "faults.crash=1.0")
+    doc = load_results(strategy.cfg.output_dir)
+    assert doc["status"] == "failed" and doc["final"] == {}
+    assert "no training round was applied: all 4" in doc["error"] and "injected crash" in doc["error"]
+    printed = capsys.readouterr().out
+    assert "[fedgnn] FAILED: no training round was applied" in printed and "FINAL" not in printed
+    from fedrec_flwr.summary import summarize
+
+    assert summarize(strategy.cfg.output_dir).endswith(doc["error"])
+
+
+def test_a_run_with_some_rounds_not_applied_says_how_many(tiny_cfg, tmp_path):
+    """A round whose uploads fall below min_clients leaves the model unchanged; the run still finishes, and
+    results.json and the summary say how many training rounds were not applied."""
+    strategy = _crashing_run(tiny_cfg, tmp_path, "faults.crash=0.1", "federation.min_clients=8")
+    doc = load_results(strategy.cfg.output_dir)
+    not_applied = [r["round"] for r in doc["rounds"] if r.get("phase") == "train" and not r["applied"]]
+    assert doc["status"] == "finished" and 0 < len(not_applied) < 4
+    assert doc["rounds_not_applied"] == len(not_applied)
+    from fedrec_flwr.summary import summarize
+
+    assert f"{len(not_applied)} of 4 training rounds were not applied" in summarize(strategy.cfg.output_dir)
+
+
+@needs_superlink
+def test_the_all_crash_run_through_flwr_run_exits_non_zero_with_its_reason(tmp_path, capsys):
+    """`python -m benchmarks.run --preset quickstart --set federation.rounds=2 faults.crash=1.0`, made small:
+    the driver exits non-zero and its last words are the reason; no RMSE is printed as a result."""
+    with pytest.raises(SystemExit) as stop:
+        run_main([
+            "--preset", "quickstart", "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"),
+            "--set", "data.synthetic.num_users=12", "data.synthetic.num_items=40", "data.synthetic.mean_degree=8",
+            "model.dim=8", "privacy.pseudo_items=10", "federation.rounds=2", "federation.clients_per_round=4",
+            "faults.crash=1.0",
+        ])
+    assert str(stop.value).startswith("federated run failed") and "no training round was applied" in str(stop.value)
+    assert not capsys.readouterr().out.strip().splitlines()[-1].startswith("{")  # no final metrics line

@@ -189,7 +189,7 @@ def test_checkpoints_load_without_running_code(tmp_path):
 def test_damaged_or_foreign_checkpoints_name_the_file(tmp_path, damage):
     ckpt = Checkpointer(tmp_path)
     full = {"model": {"w": torch.ones(3)}, "items": torch.ones(2, 2), "model_opt": {}, "item_opt": {},
-            "torch_rng": torch.get_rng_state(), "logical_round": 3, "train_rounds_done": 2, "history": [],
+            "torch_rng": torch.get_rng_state(), "logical_round": 3, "train_rounds_done": 2, "rounds_not_applied": 0, "history": [],
             "rejections": [], "uploads": [0, 1], "eval_rejected": 0, "config": {}}
     ckpt.save(full)
     assert ckpt.load()["logical_round"] == 3

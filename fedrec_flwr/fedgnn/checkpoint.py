@@ -18,7 +18,7 @@ from fedrec_flwr.fsutil import atomic_write
 CHECKPOINT_FILE = "server.pt"
 # what a FedGNN server checkpoint must hold
 REQUIRED_KEYS = ("model", "items", "model_opt", "item_opt", "torch_rng", "logical_round", "train_rounds_done",
-                 "history", "rejections", "uploads", "eval_rejected", "config")
+                 "rounds_not_applied", "history", "rejections", "uploads", "eval_rejected", "config")
 # config sections that may differ between a killed run and its resumption
 RESUME_FREE = ("checkpoint", "output_dir", "faults")
 

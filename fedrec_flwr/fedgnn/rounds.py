@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -84,8 +84,13 @@ class FedGNNRounds:
     def __init__(self, server: FedGNNServer, registry: UserRegistry, rating_span: float, *,
                  federation: FederationConfig, privacy: PrivacyConfig, merge: MergeConfig,
                  expansion: ExpansionConfig, dim: int, seed: int, recorder: RunRecorder | None = None,
-                 public_scale: RatingScale | None = None):
+                 public_scale: RatingScale | None = None, test_ratings: int | None = None,
+                 baselines: Callable[[list[int]], tuple[dict[str, float], int]] | None = None):
         self.server, self.registry, self.recorder = server, registry, recorder
+        # the split's test ratings (a public count; None: unknown), reported beside the ones scored, and
+        # `baselines(users)`: the split's baseline RMSEs on the test ratings of `users` and how many ratings
+        # that is (`baselines.baselines_on_users`; simulation only, where the server holds the data)
+        self.test_ratings, self.baselines = test_ratings, baselines
         # dim: the width of one uploaded item row (`models.row_width`), what the privacy accounting counts per row
         self.federation, self.privacy, self.expansion, self.dim, self.seed = federation, privacy, expansion, dim, seed
         self.merge = merge
@@ -96,6 +101,8 @@ class FedGNNRounds:
         self.public_scale = public_scale
         self.schedule = round_schedule(federation, expansion, registry.num_users)
         self.train_rounds_done = 0
+        self.rounds_not_applied = 0  # training rounds with fewer than min_clients accepted uploads
+        self.scored_users: list[int] = []  # users of the accepted replies of the latest evaluation
         self.reported_by: dict[int, int] = {}  # user -> the node its popularity report came from (round 0)
         self.rejections: list[tuple[int, str]] = []
         self.eval_rejections = 0
@@ -106,13 +113,14 @@ class FedGNNRounds:
 
     @classmethod
     def from_config(cls, cfg: AppConfig, server: FedGNNServer, registry: UserRegistry, rating_span: float,
-                    recorder: RunRecorder | None = None) -> FedGNNRounds:
+                    recorder: RunRecorder | None = None, test_ratings: int | None = None,
+                    baselines: Callable[[list[int]], tuple[dict[str, float], int]] | None = None) -> FedGNNRounds:
         """The round core of one run: its federation, privacy, merge and expansion sections, row width and seed,
         and the public rating scale of its dataset (`data.partition.public_scale`: no ratings read), on which
-        it reports metrics."""
+        it reports metrics. `test_ratings` and `baselines`: see `__init__`."""
         return cls(server, registry, rating_span, federation=cfg.federation, privacy=cfg.privacy, merge=cfg.merge,
                    expansion=cfg.expansion, dim=row_width(cfg.model), seed=cfg.seed, recorder=recorder,
-                   public_scale=public_scale(cfg.data))
+                   public_scale=public_scale(cfg.data), test_ratings=test_ratings, baselines=baselines)
 
     # -- bookkeeping -----------------------------------------------------------------
     @property
@@ -248,6 +256,7 @@ class FedGNNRounds:
         if applied:
             self.server.apply(accepted)
         else:
+            self.rounds_not_applied += 1
             log.warning("round %d: %d accepted updates < min_clients=%d; model unchanged",
                         logical_round, len(accepted), self.federation.min_clients)
         record = {"round": logical_round, "phase": PHASE_TRAIN, "clients": users_seen, "accepted": len(accepted),
@@ -299,6 +308,7 @@ class FedGNNRounds:
     def evaluate(self, logical_round: int, replies: list[NodeReply], failures: int) -> dict | None:
         """RMSE and MAE over the accepted evaluation replies (None when no test rating was reported)."""
         sse_parts, sae_parts, n = [], [], 0
+        scored: list[int] = []
         for reply in replies:
             try:
                 s, a, k = self.check_eval_reply(reply)
@@ -309,6 +319,7 @@ class FedGNNRounds:
             sse_parts.append(s)
             sae_parts.append(a)
             n += k
+            scored += self._eval_plan[reply.node_id]
         if n == 0:
             log.warning("round %d: no test ratings among the %d evaluating nodes (%d failed)",
                         logical_round, len(replies), failures)
@@ -316,8 +327,11 @@ class FedGNNRounds:
         sse, sae = math.fsum(sse_parts), math.fsum(sae_parts)  # exact: independent of arrival order
         factor = 1.0 if self.public_scale is None else self.public_scale.unit_factor  # reference units -> the dataset's
         metrics = {"rmse": math.sqrt(sse / n) * factor, "mae": sae / n * factor, "eval_ratings": n,
+                   **({} if self.test_ratings is None else {"test_ratings": self.test_ratings}),
                    "eval_failures": failures, "eval_rejected": self.eval_rejections}
-        self.final = {"rmse": metrics["rmse"], "mae": metrics["mae"]}
+        self.final = {"rmse": metrics["rmse"], "mae": metrics["mae"], "eval_ratings": n,
+                      **({} if self.test_ratings is None else {"test_ratings": self.test_ratings})}
+        self.scored_users = sorted(scored)
         self.record({"round": logical_round, **metrics})
         return metrics
 
@@ -342,17 +356,37 @@ class FedGNNRounds:
         return budget(p.clip_delta, p.noise_lambda, coordinates, self.uploads[users], p.delta, report_bits,
                       p.popularity_epsilon)
 
+    def failure(self) -> str | None:
+        """Why the run must not report a result, or None: no training round was applied (every one had fewer
+        than min_clients accepted uploads), or no evaluation scored a test rating."""
+        if self.train_rounds_done and self.rounds_not_applied == self.train_rounds_done:
+            last = self.rejections[-1][1] if self.rejections else "no upload arrived"
+            return (f"no training round was applied: all {self.train_rounds_done} had fewer than "
+                    f"min_clients={self.federation.min_clients} accepted uploads (last refusal: {last})")
+        if not self.final:
+            return "no evaluation scored a test rating"
+        return None
+
     def finish(self) -> None:
-        """Write the final metrics, rejections, upload counts and privacy budget; print the run summary."""
+        """Write the final metrics, rejections, upload counts, privacy budget and the baselines on the scored
+        ratings; print the run summary. A run that `failure` names is marked failed instead, with no result."""
         if self.recorder is None or self.recorder.finished:
+            return
+        why = self.failure()
+        if why is not None:
+            path = self.recorder.fail(why)
+            print(f"[fedgnn] FAILED: {why} (results: {path})", flush=True)
             return
         extra = {"rejections": [{"round": r, "reason": why} for r, why in self.rejections],
                  "eval_rejected": self.eval_rejections, "uploads_per_user": self.upload_counts(),
-                 "privacy": self.privacy_budget()}
+                 "privacy": self.privacy_budget(), "rounds_not_applied": self.rounds_not_applied}
+        if self.baselines is not None:  # the model and its baselines are scored on the same test ratings
+            extra["baselines"], extra["baseline_ratings"] = self.baselines(self.scored_users)
         path = self.recorder.finish(dict(self.final), extra)
         train = [h for h in self.recorder.history() if h.get("phase") == PHASE_TRAIN]
         summary = {
-            **self.final, "rounds": len(train), "wall_seconds": round(self.recorder.wall_seconds, 1),
+            **self.final, "rounds": len(train), "rounds_not_applied": self.rounds_not_applied,
+            "wall_seconds": round(self.recorder.wall_seconds, 1),
             "mean_bytes_up": float(np.mean([h["bytes_up"] for h in train])) if train else 0.0,
             "mean_bytes_down": float(np.mean([h["bytes_down"] for h in train])) if train else 0.0,
             "rejected": len(self.rejections),
@@ -363,6 +397,7 @@ class FedGNNRounds:
         """Everything a resumed run needs besides the users' own state."""
         history = self.recorder.history() if self.recorder is not None else []
         return {**self.server.state(), "logical_round": logical_round, "train_rounds_done": self.train_rounds_done,
+                "rounds_not_applied": self.rounds_not_applied,
                 "history": history, "rejections": [list(r) for r in self.rejections],
                 "uploads": self.uploads.tolist(), "eval_rejected": self.eval_rejections}
 
@@ -370,6 +405,7 @@ class FedGNNRounds:
         """Continue from a checkpoint's state; returns the logical round it was written after."""
         self.server.restore(state)
         self.train_rounds_done = int(state["train_rounds_done"])
+        self.rounds_not_applied = int(state["rounds_not_applied"])
         self.rejections = [(int(r), str(why)) for r, why in state["rejections"]]
         self.eval_rejections = int(state["eval_rejected"])
         uploads = np.asarray(state["uploads"], np.int64)

@@ -277,8 +277,13 @@ def evaluate_user(
     model: RatingGNN, state: UserState, data: UserData, item_rows: np.ndarray, low: float, high: float,
     device: torch.device | None = None,
 ) -> ErrorSums:
-    """(SSE, SAE, n) of the user's clipped predictions on its own test ratings (item rows of `row_width`)."""
-    if data.test_items.size == 0 or data.train_items.size == 0:
+    """(SSE, SAE, n) of the user's clipped predictions on its own test ratings (item rows of `row_width`).
+
+    Every test rating is scored. A user without training ratings (cold) predicts from what it has: its star
+    is its own node alone (plus any neighbours), so its representation is its embedding as initialised,
+    with its private offset, the global bias and the rows of the items it is asked about.
+    """
+    if data.test_items.size == 0:
         return ErrorSums(0.0, 0.0, 0)
     device = device or torch.device("cpu")
     model = ready(model, device, training=False)

@@ -30,27 +30,40 @@ from fedrec_flwr.models.gaussian_gcn import (
 
 
 class DomainData:
-    """A domain re-indexed locally: users 0..n-1 (with their global ids), items as given."""
+    """A domain re-indexed locally: users 0..n-1 (with their global ids), items as given.
+
+    The user rows are the domain's users with training positives (`global_ids`, the users it uploads),
+    then its cold test users (`cold_ids`: a test item but no training positive here). A cold user's row
+    is an isolated node of the graph: it is never trained, never uploaded, and ranks its test item from
+    its distribution as initialised, so every test user of the domain is ranked.
+    """
 
     def __init__(self, domain: Domain):
         self.name = domain.name
         self.num_items = domain.num_items
         self.global_ids = np.unique(domain.train_users)
+        self.cold_ids = np.setdiff1d(domain.test_users, self.global_ids)
+        self.row_ids = np.concatenate([self.global_ids, self.cold_ids]).astype(np.int64)
         self.local_of = {int(g): i for i, g in enumerate(self.global_ids)}
         self.users = np.searchsorted(self.global_ids, domain.train_users)
+        row_of = {int(g): i for i, g in enumerate(self.row_ids)}
+        self.test_users = np.array([row_of[int(g)] for g in domain.test_users], np.int64)
+        self.test_items = domain.test_items.astype(np.int64)
         self.items = domain.train_items.astype(np.int64)
-        keep = np.isin(domain.test_users, self.global_ids)  # a test user needs training positives
-        self.test_users = np.searchsorted(self.global_ids, domain.test_users[keep])
-        self.test_items = domain.test_items[keep].astype(np.int64)
-        self.positives = [set() for _ in self.global_ids]
+        self.positives = [set() for _ in self.row_ids]
         for u, i in zip(self.users, self.items):
             self.positives[u].add(int(i))
         self._pair_keys = np.unique(self.users * self.num_items + self.items)
 
     @property
-    def num_users(self) -> int:
-        """Users with at least one training positive in this domain."""
+    def num_uploaded(self) -> int:
+        """Users with at least one training positive in this domain: the ones it trains and uploads."""
         return int(self.global_ids.size)
+
+    @property
+    def num_users(self) -> int:
+        """User rows of the domain's graph: its users with training positives, then its cold test users."""
+        return int(self.row_ids.size)
 
     def is_positive(self, users: np.ndarray, items: np.ndarray) -> np.ndarray:
         """Vectorised membership test of (user, item) pairs in the training positives."""
@@ -101,7 +114,7 @@ class DomainTrainer:
         model, so the domains' user spaces start aligned and their barycenter is meaningful."""
         mu = np.empty((self.data.num_users, self.dim), np.float32)
         sigma = np.empty_like(mu)
-        for i, g in enumerate(self.data.global_ids):
+        for i, g in enumerate(self.data.row_ids):
             draw = np.random.default_rng([self.seed, 31, int(g)]).standard_normal((2, self.dim)) * 0.1
             mu[i], sigma[i] = draw
         with torch.no_grad():
@@ -119,10 +132,10 @@ class DomainTrainer:
                 getattr(self.model, k).copy_(torch.from_numpy(v))
 
     def user_distributions(self) -> tuple[np.ndarray, np.ndarray]:
-        """(mu, sigma) of the domain's users after propagation."""
+        """(mu, sigma) after propagation of the domain's users with training positives (what it uploads)."""
         with torch.no_grad():
             mu, sigma = self.model()
-        n = self.data.num_users
+        n = self.data.num_uploaded
         return mu[:n].cpu().numpy(), sigma[:n].cpu().numpy()
 
     def train(self, server_round: int, global_ids: np.ndarray, global_mu: np.ndarray, global_sigma: np.ndarray) -> float:

@@ -128,6 +128,7 @@ class FPPDMRounds:
         self.encrypted_replies: dict[int, list[np.ndarray]] = {}  # node -> [ids, summed ciphertexts, counts]
         self.rejections: list[tuple[int, str]] = []
         self.final: dict[str, float] = {}
+        self.train_rounds = self.rounds_not_applied = 0  # rounds trained, and those with < min_clients uploads
 
     @classmethod
     def from_config(cls, cfg: AppConfig, num_users: int, recorder: RunRecorder | None = None,
@@ -196,6 +197,7 @@ class FPPDMRounds:
             uploads.append(upload)
             self.domain_users[reply.node_id] = upload.ids
         applied = len(uploads) >= self.federation.min_clients
+        self.train_rounds += 1
         if not applied:
             log.warning("round %d: %d accepted uploads < min_clients=%d; global users unchanged",
                         server_round, len(uploads), self.federation.min_clients)
@@ -204,6 +206,7 @@ class FPPDMRounds:
         else:  # content order, not arrival order: the float sums are then the same in every run
             ordered = sorted(uploads, key=lambda u: (len(u.ids), u.ids.tobytes()))
             self.global_users = user_barycenters(ordered, self.num_users, self.dim)
+        self.rounds_not_applied += not applied
         counts = np.bincount(np.concatenate([u.ids for u in uploads]), minlength=self.num_users) if uploads else np.zeros(1)
         record = {"round": server_round, "phase": "train", "clients": len(replies), "accepted": len(uploads),
                   "rejected": len(replies) + len(failures) - len(uploads), "applied": applied,
@@ -242,8 +245,9 @@ class FPPDMRounds:
 
     @staticmethod
     def check_eval_reply(reply: NodeReply) -> tuple[str, dict[str, float]] | None:
-        """(domain name, its HR@K / NDCG@K) of one evaluation reply; None when the domain has no test
-        user; UploadRejected when the reply is not one an honest domain could send."""
+        """(domain name, its HR@K / NDCG@K and "ranked": how many test users it ranked) of one evaluation
+        reply; None when the domain has no test user; UploadRejected when the reply is not one an honest
+        domain could send."""
         m = reply.metrics
         n = m.get("n", 0)
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
@@ -252,7 +256,7 @@ class FPPDMRounds:
             return None
         if not isinstance(m.get("domain"), str):
             raise UploadRejected("evaluation reply needs the domain's name")
-        scores = {}
+        scores = {"ranked": int(n)}
         for k, v in m.items():
             if "@" not in k:
                 continue
@@ -280,15 +284,34 @@ class FPPDMRounds:
                 per_domain[checked[0]] = checked[1]
         if not per_domain:
             return None
-        keys = sorted({k for m in per_domain.values() for k in m})
+        keys = sorted({k for m in per_domain.values() for k in m} - {"ranked"})
         mean = {k: float(np.mean([m[k] for m in per_domain.values()])) for k in keys}
-        self.final = {**mean, **{f"{d}/{k}": v for d, m in per_domain.items() for k, v in m.items()}}
+        ranked = {"ranked_users": sum(m["ranked"] for m in per_domain.values())}  # test users ranked, all domains
+        self.final = {**mean, **ranked, **{f"{d}/{k}": v for d, m in per_domain.items() for k, v in m.items()}}
         self.record({"round": server_round, **self.final})
         return mean
 
+    def failure(self) -> str | None:
+        """Why the run must not report a result, or None: no round was applied (every one had fewer than
+        min_clients accepted uploads), or no domain's evaluation was accepted."""
+        if self.train_rounds and self.rounds_not_applied == self.train_rounds:
+            last = self.rejections[-1][1] if self.rejections else "no upload arrived"
+            return (f"no training round was applied: all {self.train_rounds} had fewer than "
+                    f"min_clients={self.federation.min_clients} accepted uploads (last refusal: {last})")
+        if not self.final:
+            return "no domain's evaluation was accepted"
+        return None
+
     def finish(self) -> None:
-        """Write the final metrics and the rejections, and print them."""
+        """Write the final metrics and the rejections, and print them; a run that `failure` names is marked
+        failed instead, with no result."""
         if self.recorder is None or self.recorder.finished:
             return
-        self.recorder.finish(self.final, {"rejections": [{"round": r, "reason": w} for r, w in self.rejections]})
+        why = self.failure()
+        if why is not None:
+            path = self.recorder.fail(why)
+            print(f"[fppdm] FAILED: {why} (results: {path})", flush=True)
+            return
+        self.recorder.finish(self.final, {"rejections": [{"round": r, "reason": w} for r, w in self.rejections],
+                                          "rounds_not_applied": self.rounds_not_applied})
         print(f"[fppdm] FINAL {self.final}", flush=True)
