@@ -7,8 +7,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
-# extra arguments of the run driver, e.g. make run ARGS="--seed 3" or ARGS="--set federation.rounds=20"
+# extra arguments of `fedrec run`, e.g. make run ARGS="--seed 3" or ARGS="--set federation.rounds=20"
 ARGS ?=
+# the folder holding the real datasets (docs/datasets.md), for make bench
+DATA ?= data
 
 .PHONY: install run test deploy-test bench plot clean stop-superlink
 
@@ -20,11 +22,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -e ".[dev]"
 	touch $@
 
-# The main job: FedGNN (privacy on) on the embedded synthetic dataset, through `flwr run` (the driver
-# sizes the simulated federation and exits non-zero if the run fails), then the summary.
+# The main job: FedGNN (privacy on) on the embedded synthetic dataset, through `flwr run` (`fedrec run`
+# sizes the simulated federation, prints the summary, and exits non-zero if the run fails).
 run: install
-	$(BIN)/python -m benchmarks.run --preset quickstart --out outputs/latest $(ARGS)
-	@$(BIN)/python -m fedrec_flwr.summary outputs/latest
+	$(BIN)/fedrec run --preset quickstart --out outputs/latest $(ARGS)
 
 test: install
 	$(BIN)/ruff check .
@@ -36,10 +37,10 @@ deploy-test: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" FEDREC_DEPLOY_TEST=1 $(BIN)/python -m pytest tests/test_deploy.py
 
 bench: install
-	$(BIN)/python -m benchmarks.run --preset fedgnn_paper --dataset ml-100k --data-dir ../shared/data --out outputs/bench-ml100k --centralized
+	$(BIN)/fedrec run --preset fedgnn_paper --dataset ml-100k --data-dir $(DATA) --out outputs/bench-ml100k --centralized
 
 plot: install
-	$(BIN)/python -m fedrec_flwr.plot outputs/latest --out outputs/latest/plots
+	$(BIN)/fedrec plot outputs/latest
 
 # The local SuperLink keeps running after `flwr run`; it also keeps the environment it was
 # started with (PATH, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION).

@@ -16,11 +16,12 @@ import json
 from datetime import date
 from pathlib import Path
 
-from benchmarks.run import input_errors_exit
+from benchmarks.common import add_data_dir, markdown_table
 from fedrec_flwr.baselines import baseline_rmses, best_trivial
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fsutil import atomic_write
+from fedrec_flwr.runner import input_errors_exit
 
 
 def dataset_baselines(dataset: str, data_dir: str) -> dict:
@@ -36,19 +37,19 @@ def main() -> None:
     """Compute every requested dataset's baselines, print a table, merge them into the JSON record."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", nargs="+", default=["synthetic"])
-    ap.add_argument("--data-dir", default="data")
+    add_data_dir(ap)
     ap.add_argument("--out", default="benchmarks/results/baselines.json")
     args = ap.parse_args()
     out = Path(args.out)
     record = json.loads(out.read_text()) if out.exists() else {"datasets": {}}
-    print("| dataset | global mean | user mean | item mean | bias model |")
-    print("|---|---|---|---|---|")
+    rows = []
     with input_errors_exit():
         for name in args.dataset:
             row = {**dataset_baselines(name, args.data_dir), "date": date.today().isoformat()}
             record["datasets"][name] = row
             r = row["rmse"]
-            print(f"| {name} | {r['global_mean']:.4f} | {r['user_mean']:.4f} | {r['item_mean']:.4f} | {r['bias']:.4f} |")
+            rows.append([name, r["global_mean"], r["user_mean"], r["item_mean"], r["bias"]])
+    print(markdown_table(["dataset", "global mean", "user mean", "item mean", "bias model"], rows))
     atomic_write(out, json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 

@@ -4,7 +4,7 @@
 
 For each case (the `quickstart` preset on the embedded synthetic data, d = 32; `fedgnn_private` on
 ML-100K, d = 256, skipped when its files are absent; `fedgnn_paper`, GAT d = 256, on 1,000 synthetic
-users shaped like ML-10M, whose power-law degrees test the grouping's padding) runs `benchmarks.direct` with
+users shaped like ML-10M, whose power-law degrees test the grouping's padding) runs `fedrec_flwr.inprocess` with
 `simulation.user_batch` = 1 and = 32, alternating, `repeats` times, on one thread; records the
 median training-round seconds of each (rounds after the first), their ratio, and both runs' final
 RMSE (equal up to float rounding). Writes benchmarks/results/batched_users.json.
@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.direct import run_direct
+from benchmarks.common import add_data_dir
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import DataError
 from fedrec_flwr.fsutil import atomic_write
+from fedrec_flwr.inprocess import run_in_process
 
 ML10M_SHAPE = ("data.synthetic.num_users=1000", "data.synthetic.num_items=10677", "data.synthetic.mean_degree=180")
 CASES = [("quickstart", "synthetic", ()), ("fedgnn_private", "ml-100k", ()), ("fedgnn_paper", "synthetic", ML10M_SHAPE)]
@@ -34,14 +35,14 @@ def _round_seconds(preset: str, dataset: str, data_dir: str, rounds: int, batch:
                    extra: tuple[str, ...] = ()) -> tuple[float, float]:
     cfg = load_config(preset, dataset, [f"data.data_dir={data_dir}", f"federation.rounds={rounds}",
                                         f"federation.eval_every={rounds}", f"simulation.user_batch={batch}", *extra])
-    out = run_direct(cfg, log_every=0)
+    out = run_in_process(cfg, log_every=0)
     return statistics.median(h["round_seconds"] for h in out["history"][1:]), out["rmse"]
 
 
 def main() -> None:
     """Time every case both ways, print a table, write the JSON record."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="data")
+    add_data_dir(ap)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/batched_users.json")

@@ -17,6 +17,7 @@ import time
 from datetime import date
 from pathlib import Path
 
+from benchmarks.common import add_data_dir
 from fedrec_flwr.centralized import run_centralized
 from fedrec_flwr.config import load_config, parse_overrides
 
@@ -24,7 +25,7 @@ from fedrec_flwr.config import load_config, parse_overrides
 def main() -> None:
     """Run the centralized reference for each dataset and seed; record medians."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="../shared/data")
+    add_data_dir(ap)
     ap.add_argument("--datasets", nargs="+", default=["ml-100k", "douban"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--set", nargs="*", default=[])

@@ -4,7 +4,7 @@
         [--users-per-node 1 8 32 128] [--rounds 6]
 
 The floor is the same users' work for one round in one process, with no Flower: the in-process runner
-(`benchmarks.direct`, the same user code and round core) on one core, with the round's users batched
+(`fedrec_flwr.inprocess`, the same user code and round core) on one core, with the round's users batched
 (`simulation.user_batch`, as the preset sets it) and, for comparison, one user at a time. Then, for each
 `simulation.users_per_node` U, a FedGNN `flwr run` on ceil(users / U) virtual SuperNodes and the
 `trivial` job (clients echo 16 floats) on as many SuperNodes, sampling min(128, nodes) of them per
@@ -24,18 +24,18 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.direct import run_direct
+from benchmarks.common import add_data_dir, fedrec_run
 from benchmarks.fedgnn_overhead import median_round_seconds
-from benchmarks.run import main as run_main
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.results import load_results
 
 
 def main() -> None:
     """Measure the floor once, then both flwr jobs per users-per-node setting; write the JSON record."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="data")
+    add_data_dir(ap)
     ap.add_argument("--dataset", default="ml-100k")
     ap.add_argument("--preset", default="fedgnn_tuned")
     ap.add_argument("--users-per-node", nargs="+", type=int, default=[1, 8, 32, 128])
@@ -46,9 +46,9 @@ def main() -> None:
     base = [f"data.data_dir={args.data_dir}", f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}"]
     cfg = load_config(args.preset, args.dataset, base)
     users = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
-    floor = run_direct(cfg, log_every=0)
+    floor = run_in_process(cfg, log_every=0)
     floor_s = statistics.median(h["round_seconds"] for h in floor["history"][1:])
-    alone = run_direct(load_config(args.preset, args.dataset, [*base, "simulation.user_batch=1"]), log_every=0)
+    alone = run_in_process(load_config(args.preset, args.dataset, [*base, "simulation.user_batch=1"]), log_every=0)
     alone_s = statistics.median(h["round_seconds"] for h in alone["history"][1:])
     print(f"[compute_floor] floor (one process, no Flower): {floor_s:.2f} s/round batched "
           f"({cfg.simulation.user_batch} users), {alone_s:.2f} s/round one user at a time", flush=True)
@@ -57,9 +57,9 @@ def main() -> None:
         nodes = math.ceil(users / per_node)
         with tempfile.TemporaryDirectory() as tmp:
             common = ["--dataset", args.dataset, "--data-dir", args.data_dir]
-            run_main(["--preset", args.preset, *common, "--out", f"{tmp}/fedgnn", "--set", *base,
+            fedrec_run(["--preset", args.preset, *common, "--out", f"{tmp}/fedgnn", "--set", *base,
                       f"simulation.users_per_node={per_node}"])
-            run_main(["--preset", "trivial", *common, "--out", f"{tmp}/trivial", "--set", f"federation.rounds={args.rounds}",
+            fedrec_run(["--preset", "trivial", *common, "--out", f"{tmp}/trivial", "--set", f"federation.rounds={args.rounds}",
                       f"simulation.users_per_node={per_node}", f"federation.clients_per_round={min(128, nodes)}"])
             fed, triv = load_results(f"{tmp}/fedgnn"), load_results(f"{tmp}/trivial")
         row = {"users_per_node": per_node, "supernodes": nodes, "fedgnn_round_s": median_round_seconds(fed),

@@ -3,7 +3,7 @@
     python -m benchmarks.expansion_table --data-dir ../shared/data --datasets ml-100k douban --seeds 0 1 2
     python -m benchmarks.expansion_table --protocol converged --data-dir ../shared/data --gnns ggnn --seeds 0
 
-Every (dataset, gnn, mode, seed) cell is one `python -m benchmarks.run` job with the paper's
+Every (dataset, gnn, mode, seed) cell is one `fedrec run` job with the paper's
 privacy settings (M = 1000, delta 0.1, lambda 0.2, 128 users per round) and the same protocol
 settings for every cell of a dataset, so rows differ only in the GNN and the expansion mode.
 Two protocols: `short` (40 rounds of the paper preset with tuned server settings, `SETTINGS`) and
@@ -20,6 +20,7 @@ import argparse
 import statistics
 from pathlib import Path
 
+from benchmarks.common import add_data_dir
 from benchmarks.sweep import load_sweep, run_missing
 from fedrec_flwr.fedgnn.protocol import PHASE_TRAIN
 
@@ -49,7 +50,7 @@ PROTOCOLS = {
 
 
 def command(dataset: str, gnn: str, mode: str, seed: int, data_dir: str, protocol: str = "short") -> list[str]:
-    """The benchmarks.run arguments of one table cell (also printed in BENCHMARKS.md)."""
+    """The fedrec run arguments of one table cell (also printed in BENCHMARKS.md)."""
     preset, settings, _ = PROTOCOLS[protocol]
     return ["--preset", preset, "--dataset", dataset, "--data-dir", data_dir, "--seed", str(seed),
             "--set", *settings[dataset], f"model.gnn={gnn}", f"expansion.mode={mode}"]
@@ -102,7 +103,7 @@ def cell_record(res: dict) -> dict:
 def main() -> None:
     """Run every missing cell, save after each, print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="../shared/data")
+    add_data_dir(ap)
     ap.add_argument("--datasets", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     ap.add_argument("--gnns", nargs="+", default=list(GNNS), choices=GNNS)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)

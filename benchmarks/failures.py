@@ -17,7 +17,7 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-from benchmarks.run import main as run_main
+from benchmarks.common import add_data_dir, fedrec_run
 from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.results import load_results
 
@@ -31,7 +31,7 @@ def main() -> None:
     """Run the clean and the faulty job; record the comparison."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="ml-100k")
-    ap.add_argument("--data-dir", default="../shared/data")
+    add_data_dir(ap)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--faults", nargs="*", default=FAULTS)
@@ -42,7 +42,7 @@ def main() -> None:
     jobs = {}
     for name, extra in (("clean", []), ("faulty", args.faults)):
         with tempfile.TemporaryDirectory() as tmp:
-            run_main(["--preset", "fedgnn_paper", "--dataset", args.dataset, "--data-dir", args.data_dir, "--seed", str(args.seed),
+            fedrec_run(["--preset", "fedgnn_paper", "--dataset", args.dataset, "--data-dir", args.data_dir, "--seed", str(args.seed),
                       "--out", tmp, "--set", *common, *extra])
             doc = load_results(tmp)
         train = [r for r in doc["rounds"] if r.get("phase") == "train"]
@@ -52,7 +52,7 @@ def main() -> None:
             "accepted": sum(r["accepted"] for r in train), "failures": sum(r.get("failures", 0) for r in train),
             "rejected_malformed": sum(r["rejected"] - r.get("failures", 0) for r in train),
             "rounds_not_applied": sum(not r.get("applied", True) for r in train),
-            "command": f"python -m benchmarks.run --preset fedgnn_paper --dataset {args.dataset} --data-dir {args.data_dir} "
+            "command": f"fedrec run --preset fedgnn_paper --dataset {args.dataset} --data-dir {args.data_dir} "
                        f"--seed {args.seed} --out OUT --set {' '.join([*common, *extra])}",
         }
         print(f"[failures] {name}: {json.dumps(jobs[name])}", flush=True)

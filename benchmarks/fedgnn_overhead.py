@@ -17,7 +17,7 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-from benchmarks.run import main as run_main
+from benchmarks.common import add_data_dir, fedrec_run
 from fedrec_flwr.config import load_config
 from fedrec_flwr.results import load_results
 
@@ -32,7 +32,7 @@ def main() -> None:
     """Run both jobs and record the comparison."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="ml-100k")
-    ap.add_argument("--data-dir", default="../shared/data")
+    add_data_dir(ap)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--set", nargs="*", default=[])
@@ -42,8 +42,8 @@ def main() -> None:
     for rep in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             common = ["--dataset", args.dataset, "--data-dir", args.data_dir]
-            run_main(["--preset", "trivial", *common, "--out", f"{tmp}/trivial", "--set", f"federation.rounds={args.rounds}"])
-            run_main(["--preset", "fedgnn_paper", *common, "--out", f"{tmp}/fedgnn", "--set", f"federation.rounds={args.rounds}",
+            fedrec_run(["--preset", "trivial", *common, "--out", f"{tmp}/trivial", "--set", f"federation.rounds={args.rounds}"])
+            fedrec_run(["--preset", "fedgnn_paper", *common, "--out", f"{tmp}/fedgnn", "--set", f"federation.rounds={args.rounds}",
                       f"federation.eval_every={args.rounds}", *args.set])
             triv, fed = load_results(f"{tmp}/trivial"), load_results(f"{tmp}/fedgnn")
         train = [r for r in fed["rounds"] if r.get("phase") == "train"]

@@ -25,7 +25,7 @@ from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import (
-    DeviceConfig,
+    DeviceSections,
     FedGNNUser,
     MemoryStore,
     build_upload,
@@ -44,10 +44,10 @@ def split_times(users: int, device: torch.device, cache_dir: str) -> dict:
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, num_item_features=meta.num_item_features)
     store = MemoryStore()
     for u in range(users):
-        server.register(u, FedGNNUser(DeviceConfig.from_config(cfg), meta, parts.user(u), store).register())
+        server.register(u, FedGNNUser(DeviceSections.from_config(cfg), meta, parts.user(u), store).register())
     weights, grad_ms, upload_ms = server.model_weights(), [], []
     for u in range(users):
-        user = FedGNNUser(DeviceConfig.from_config(cfg), meta, parts.user(u), store, device)
+        user = FedGNNUser(DeviceSections.from_config(cfg), meta, parts.user(u), store, device)
         set_weights(user.model, weights)
         rng, rows = user_rng(cfg.seed, u, 1, 2), user.item_rows(server.rows_for(u))
         t0 = time.perf_counter()

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.direct import run_direct
 from fedrec_flwr.baselines import baseline_rmses, best_trivial
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fsutil import atomic_write
+from fedrec_flwr.inprocess import run_in_process
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     runs = []
     for seed in args.seeds:
         t0 = time.time()
-        out = run_direct(load_config("quickstart", None, [f"seed={seed}"]), log_every=0)
+        out = run_in_process(load_config("quickstart", None, [f"seed={seed}"]), log_every=0)
         runs.append({"seed": seed, "rmse": out["rmse"], "below_best_trivial": 1.0 - out["rmse"] / best,
                      "wall_seconds": time.time() - t0, "privacy": out["history"][-1]["privacy"]})
         print(f"[first_run] seed {seed}: rmse {out['rmse']:.4f}, {100 * runs[-1]['below_best_trivial']:.1f}% below "

@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.common import add_data_dir
 from fedrec_flwr.config import AppConfig, load_config
 from fedrec_flwr.data import MultiDomainDataset, load_multidomain
 from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer, positive_ranks, rank_metrics
@@ -216,7 +217,7 @@ def main() -> None:
     seed summary of JSONs already written)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="douban-book-music")
-    ap.add_argument("--data-dir", default="../shared/data")
+    add_data_dir(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", default=None, help="names of the variants to run (default: all)")
     ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/fppdm_overlap_seed<S>.json")

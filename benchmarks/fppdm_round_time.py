@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.common import add_data_dir
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import load_multidomain
 from fedrec_flwr.fppdm.barycenter import UserGaussians, user_barycenters
@@ -77,7 +78,7 @@ def main() -> None:
     """Time `--repeats` rounds, print them and write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="amazon-phone-elec")
-    ap.add_argument("--data-dir", default="../shared/data")
+    add_data_dir(ap)
     ap.add_argument("--preset", default="fppdm")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (and the propagation's threads)")

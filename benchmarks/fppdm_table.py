@@ -3,7 +3,7 @@
     python -m benchmarks.fppdm_table --data-dir ../shared/data \
         --datasets douban-book-music amazon-phone-elec amazon-cloth-sport --seeds 0 1 2
 
-Every (dataset, preset, seed) is one `python -m benchmarks.run --preset P --dataset D` job (one
+Every (dataset, preset, seed) is one `fedrec run --preset P --dataset D` job (one
 SuperNode per domain). The script holds no training settings: each dataset's schedule and
 training settings live in conf/datasets/<dataset>.yaml (section `algorithms.fppdm`), which the
 config loader applies to all four presets alike, so rows differ only in the algorithm. Finished
@@ -20,6 +20,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from benchmarks.common import add_data_dir
 from benchmarks.sweep import load_sweep, run_missing
 from fedrec_flwr.config import dataset_conf_path
 
@@ -38,7 +39,7 @@ def settings(dataset: str) -> dict:
 
 
 def command(dataset: str, preset: str, seed: int, data_dir: str) -> list[str]:
-    """The benchmarks.run arguments of one table cell (also printed in BENCHMARKS.md)."""
+    """The fedrec run arguments of one table cell (also printed in BENCHMARKS.md)."""
     return ["--preset", preset, "--dataset", dataset, "--data-dir", data_dir, "--seed", str(seed)]
 
 
@@ -67,7 +68,7 @@ def table(doc: dict) -> str:
 def main() -> None:
     """Run every missing cell, save after each, print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="../shared/data")
+    add_data_dir(ap)
     ap.add_argument("--datasets", nargs="+", default=list(PAPER_K))
     ap.add_argument("--presets", nargs="+", default=list(PRESETS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])

@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_clients [--devices cpu cuda] [--users 2000] [--rounds 4]
 
-FedGNN: `benchmarks.direct.run_direct` (FedGNNUser + FedGNNServer, paper preset, privacy on)
+FedGNN: `fedrec_flwr.inprocess.run_in_process` (FedGNNUser + FedGNNServer, paper preset, privacy on)
 on synthetic data shaped like ML-10M (10,677 items, ~144 ratings per user), 128 users per
 round; clients/s = users trained per second of round time (median over rounds after the
 first). FPPDM: seconds per local epoch of one DomainTrainer on a synthetic domain (and the last
@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.direct import run_direct
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data.synthetic import make_synthetic_multidomain
 from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
 from fedrec_flwr.fsutil import atomic_write
+from fedrec_flwr.inprocess import run_in_process
 
 # synthetic data with ML-10M's catalogue and ratings per user
 ML10M_SHAPE = ["data.synthetic.num_items=10677", "data.synthetic.mean_degree=180"]
@@ -40,7 +40,7 @@ def fedgnn_clients_per_second(device: torch.device, users: int, rounds: int, cac
         f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", *ML10M_SHAPE,
         f"federation.rounds={rounds}", f"federation.eval_every={rounds}", *overrides,
     ])
-    out = run_direct(cfg, device, log_every=0, server_device=device)
+    out = run_in_process(cfg, device, log_every=0, server_device=device)
     secs = [h["round_seconds"] for h in out["history"]][1:] or [out["median_round_seconds"]]
     return {"clients_per_second": cfg.federation.clients_per_round / float(np.median(secs)),
             "median_round_s": float(np.median(secs)), "rmse": out["rmse"]}

@@ -7,7 +7,7 @@ Every row is declared in `ROWS`: which JSON under benchmarks/results holds its r
 (field filters), which number of a run, and the parts no JSON records: the paper's figure, the
 privacy budget and the command of one run. The cell "this project" is the mean ± sample standard
 deviation (n - 1) over the selected runs, one per seed, and the number of seeds. A command is
-`python -m benchmarks.run --preset P --dataset D --data-dir DATA [--seed S]` and nothing more: a
+`fedrec run --preset P --dataset D --data-dir DATA [--seed S]` and nothing more: a
 dataset's own settings are in conf/datasets/<dataset>.yaml, and the output folder is the driver's
 default, outputs/<preset>-<dataset>-s<seed>.
 """
@@ -47,7 +47,7 @@ class Row:
     value: str                       # dotted path of the number inside a run, e.g. "final.rmse"
     paper: str
     budget: str
-    command: str                     # one seed's command; its output folder is benchmarks.run's default
+    command: str                     # one seed's command; its output folder is fedrec run's default
     readme: bool = False
 
 
@@ -64,7 +64,7 @@ def _fppdm_rows() -> list[Row]:
                 metric=f"HR@{k} (mean of the 2 domains)",
                 source="fppdm_table.json", where={"dataset": dataset, "preset": preset},
                 value=f"final.hr@{k}", paper="-", budget=FPPDM_NONE,
-                command=f"python -m benchmarks.run --preset {preset} --dataset {dataset} --data-dir DATA --seed S",
+                command=f"fedrec run --preset {preset} --dataset {dataset} --data-dir DATA --seed S",
                 readme=(preset in ("single_domain", "fppdm_pp") and dataset == "amazon-phone-elec"),
             ))
     return rows
@@ -75,28 +75,28 @@ ROWS: tuple[Row, ...] = (
         metric="test RMSE after 300 rounds", source="fedgnn_tuned.json",
         where={"dataset": "ml-100k", "privacy": True, "rounds": 300}, value="final.rmse",
         paper="0.920 (FedGNN, with privacy)", budget=FEDGNN_LDP,
-        command="python -m benchmarks.run --preset fedgnn_tuned --dataset ml-100k --data-dir DATA",
+        command="fedrec run --preset fedgnn_tuned --dataset ml-100k --data-dir DATA",
         readme=True),
     Row(algorithm="FedGNN, `fedgnn_features` (`fedgnn_tuned` + public genres, 1,000 rounds)",
         dataset="ML-100K (u1)", metric="test RMSE after 1,000 rounds", source="fedgnn_features.json",
         where={"dataset": "ml-100k", "privacy": True, "rounds": 1000}, value="final.rmse",
         paper="0.920 (FedGNN, ids only, with privacy)", budget=FEDGNN_LDP,
-        command="python -m benchmarks.run --preset fedgnn_features --dataset ml-100k --data-dir DATA --seed S",
+        command="fedrec run --preset fedgnn_features --dataset ml-100k --data-dir DATA --seed S",
         readme=True),
     Row(algorithm="FedGNN, `fedgnn_tuned` (GGNN + biases, ids only)", dataset="Douban (sRGCNN 3000 x 3000)",
         metric="test RMSE after 200 rounds", source="fedgnn_tuned.json",
         where={"dataset": "douban", "privacy": True, "rounds": 200}, value="final.rmse",
         paper="0.790 (FedGNN, with privacy)", budget=FEDGNN_LDP,
-        command="python -m benchmarks.run --preset fedgnn_tuned --dataset douban --data-dir DATA --seed S",
+        command="fedrec run --preset fedgnn_tuned --dataset douban --data-dir DATA --seed S",
         readme=True),
     Row(algorithm="centralized reference (FedGNN's GAT model, all ratings in one place)", dataset="ML-100K (u1)",
         metric="test RMSE after 40 epochs", source="centralized.json", where={"dataset": "ml-100k"},
         value="rmse", paper="0.905 (GC-MC, centralized)", budget=NO_PRIVACY,
-        command="python -m benchmarks.run --preset fedgnn_paper --dataset ml-100k --data-dir DATA --centralized --seed S"),
+        command="fedrec run --preset fedgnn_paper --dataset ml-100k --data-dir DATA --centralized --seed S"),
     Row(algorithm="centralized reference (FedGNN's GAT model, all ratings in one place)",
         dataset="Douban (sRGCNN 3000 x 3000)", metric="test RMSE after 40 epochs", source="centralized.json",
         where={"dataset": "douban"}, value="rmse", paper="0.734 (GC-MC, centralized)", budget=NO_PRIVACY,
-        command="python -m benchmarks.run --preset fedgnn_paper --dataset douban --data-dir DATA --centralized --seed S"),
+        command="fedrec run --preset fedgnn_paper --dataset douban --data-dir DATA --centralized --seed S"),
     *_fppdm_rows(),
 )
 

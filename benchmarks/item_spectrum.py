@@ -2,7 +2,7 @@
 
     python -m benchmarks.item_spectrum --dataset ml-100k --data-dir ../shared/data [--rounds 120]
 
-Trains the `fedgnn_tuned` preset in-process (`benchmarks.direct`, the same user and server code as a
+Trains the `fedgnn_tuned` preset in-process (`fedrec_flwr.inprocess`, the same user and server code as a
 `flwr run`) once with privacy on and once with it off. At every evaluation it records the item
 table's singular values, how many of them exceed the Gavish-Donoho optimal hard threshold (the
 components a matrix in i.i.d. noise lets one tell apart from that noise), and the RMSE when every
@@ -25,8 +25,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from benchmarks.direct import run_direct
+from benchmarks.common import add_data_dir
 from fedrec_flwr.config import load_config, parse_overrides
+from fedrec_flwr.inprocess import run_in_process
 
 PRIVACY_OFF = ["privacy.ldp=false", "privacy.pseudo_items=0"]
 
@@ -46,7 +47,7 @@ def rank_cuts(table: np.ndarray, ranks: list[int]) -> dict[int, np.ndarray]:
 
 
 def spectrum_probe(ranks: list[int], keep_values: int = 40) -> Callable:
-    """A `run_direct` probe recording the item table's spectrum and the RMSE at each truncation rank."""
+    """A `run_in_process` probe recording the item table's spectrum and the RMSE at each truncation rank."""
     def probe(server, rmse) -> dict:
         table = server.items.detach().cpu().numpy().astype(np.float64)
         sv = np.linalg.svd(table, compute_uv=False)
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="fedgnn_tuned")
     ap.add_argument("--dataset", default="ml-100k")
-    ap.add_argument("--data-dir", default="data")
+    add_data_dir(ap)
     ap.add_argument("--rounds", type=int, default=120)
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
                      *(PRIVACY_OFF if privacy == "off" else [])]
         cfg = load_config(args.preset, args.dataset, overrides)
         t0 = time.time()
-        out = run_direct(cfg, probe=spectrum_probe(args.ranks))
+        out = run_in_process(cfg, probe=spectrum_probe(args.ranks))
         evals = [h for h in out["history"] if "rmse" in h]
         for h in evals:
             cut = " ".join(f"r{r}={v:.4f}" for r, v in h["rmse_at_rank"].items())

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import add_data_dir
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import load_from_config
 from fedrec_flwr.fppdm.barycenter import user_barycenters
@@ -38,7 +39,7 @@ def main() -> None:
     """Time one encrypted aggregation round and one plaintext round."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="douban-book-music")
-    ap.add_argument("--data-dir", default="../shared/data")
+    add_data_dir(ap)
     ap.add_argument("--bits", type=int, default=2048)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--out", default="benchmarks/results/paillier_cost.json")

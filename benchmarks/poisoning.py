@@ -9,7 +9,7 @@ replace their protected upload by an attack:
 - `flip` (inside the bounds): the honest protected upload negated;
 - `scaled` (outside the bounds): the honest protected upload times 100.
 Each run uses the same seed, so it differs from the clean run only by the attack. Runs in-process
-through the same round core as `flwr run` (benchmarks.direct). Prints a table and writes JSON.
+through the same round core as `flwr run` (fedrec_flwr.inprocess). Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from datetime import date
 import numpy as np
 import torch
 
-from benchmarks.direct import run_direct
-from benchmarks.run import input_errors_exit
+from benchmarks.common import add_data_dir
 from fedrec_flwr.config import load_config, parse_overrides
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.bounds import ldp_coordinate_bound
+from fedrec_flwr.inprocess import run_in_process
+from fedrec_flwr.runner import input_errors_exit
 
 ATTACKS = ("flip-at-bound", "flip", "scaled")
 
@@ -70,7 +71,7 @@ def run_case(cfg, kind: str | None, fraction: float) -> dict:
         bound = ldp_coordinate_bound(cfg.privacy.clip_delta, cfg.privacy.noise_lambda, coords)
         return attack(kind, upload, bound)
 
-    out = run_direct(cfg, log_every=0, tamper=None if kind is None else tamper)
+    out = run_in_process(cfg, log_every=0, tamper=None if kind is None else tamper)
     out["poisoned_uploads"] = len(sent)
     return {"rmse": out["rmse"], "rejected": out["rejected"], "poisoned_uploads": out["poisoned_uploads"],
             "wall_seconds": round(out["wall_seconds"], 1)}
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="quickstart")
     ap.add_argument("--dataset", default="")
-    ap.add_argument("--data-dir", default="data")
+    add_data_dir(ap)
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--fractions", nargs="+", type=float, default=[0.1, 0.2])
     ap.add_argument("--attacks", nargs="+", default=["flip-at-bound", "scaled"], choices=ATTACKS)

@@ -3,7 +3,7 @@
     python -m benchmarks.privacy_utility --data-dir DATA [--datasets ml-100k douban] [--preset fedgnn_private]
         [--lambdas 0.1 0.2 0.4] [--epochs 6] [--uploads delta]
 
-One in-process run (the round core and user code of `flwr run`, `benchmarks.direct`) per dataset and
+One in-process run (the round core and user code of `flwr run`, `fedrec_flwr.inprocess`) per dataset and
 Laplace scale lambda, for `--epochs` epochs (an epoch: users / clients_per_round rounds, so each user
 uploads about once per epoch). Every evaluation records the RMSE beside the accounted budget up to that
 round (`fedrec_flwr.fedgnn.accounting`): the median user's uploads and its total epsilon, basic and
@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.direct import run_direct
+from benchmarks.common import add_data_dir
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.inprocess import run_in_process
 
 PAPER = {"ml-100k": 0.920, "douban": 0.790}  # FedGNN's RMSE with its privacy (Wu et al. 2022, Table 2)
 
@@ -40,7 +41,7 @@ def curve(preset: str, dataset: str, data_dir: str, noise_lambda: float, epochs:
     rounds = epochs * per_epoch
     cfg = load_config(preset, dataset, [*base, f"federation.rounds={rounds}", f"federation.eval_every={per_epoch}"])
     t0 = time.time()
-    out = run_direct(cfg, log_every=0)
+    out = run_in_process(cfg, log_every=0)
     points = []
     for h in out["history"]:
         if "rmse" not in h:
@@ -94,7 +95,7 @@ def paper_budget_point(run: dict) -> dict | None:
 def main() -> None:
     """Run the grid, write the JSON record and the plot, print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="data")
+    add_data_dir(ap)
     ap.add_argument("--datasets", nargs="+", default=["ml-100k", "douban"])
     ap.add_argument("--preset", default="fedgnn_private")
     ap.add_argument("--lambdas", nargs="+", type=float, default=[0.1, 0.2, 0.4])

@@ -22,7 +22,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from benchmarks.run import main as run_main
+from benchmarks.common import fedrec_run
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fsutil import atomic_write
@@ -85,7 +85,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             mem = PeakMemory()
             t0 = time.time()
-            run_main(["--preset", "fedgnn_paper", "--dataset", "synthetic", "--cache-dir", args.cache_dir, "--out", tmp,
+            fedrec_run(["--preset", "fedgnn_paper", "--dataset", "synthetic", "--cache-dir", args.cache_dir, "--out", tmp,
                       "--set", *overrides])
             wall = time.time() - t0
             peak = mem.stop()

@@ -1,4 +1,4 @@
-"""Resumable sweeps of `benchmarks.run` jobs: one JSON of finished cells, skipped on a rerun."""
+"""Resumable sweeps of `fedrec run` jobs: one JSON of finished cells, skipped on a rerun."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from datetime import date
 from pathlib import Path
 from typing import Callable
 
-from benchmarks.run import main as run_main
+from benchmarks.common import fedrec_run
 from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.results import load_results
 
@@ -24,7 +24,7 @@ def load_sweep(out: Path, datasets: list[str], settings: dict) -> dict:
 
 def run_missing(doc: dict, out: Path, cells: list[tuple[dict, list[str]]], tag: str,
                 extra: Callable[[dict], dict] | None = None) -> dict:
-    """Run each (fields, benchmarks.run argv) cell whose fields are not in doc yet; save after each run.
+    """Run each (fields, fedrec run argv) cell whose fields are not in doc yet; save after each run.
 
     Saving per cell means an interrupted sweep loses at most the run in flight.
     """
@@ -34,10 +34,10 @@ def run_missing(doc: dict, out: Path, cells: list[tuple[dict, list[str]]], tag: 
         started = time.time()
         print(f"[{tag}] {n}/{len(cells)}: " + " ".join(str(v) for v in fields.values()), flush=True)
         with tempfile.TemporaryDirectory() as tmp:
-            run_main([*argv, "--out", tmp])
+            fedrec_run([*argv, "--out", tmp])
             res = load_results(tmp)
         doc["runs"].append({**fields, "final": res["final"], **(extra(res) if extra else {}),
                             "wall_seconds": round(time.time() - started, 1),
-                            "command": "python -m benchmarks.run " + " ".join(argv), "date": date.today().isoformat()})
+                            "command": "fedrec run " + " ".join(argv), "date": date.today().isoformat()})
         atomic_write(out, json.dumps(doc, indent=1))
     return doc

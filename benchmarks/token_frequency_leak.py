@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import add_data_dir
 from fedrec_flwr.data.loaders import load_split_files
 from fedrec_flwr.data.types import RatingScale
 from fedrec_flwr.privacy.attacks import popularity_reidentification
@@ -27,7 +28,7 @@ from fedrec_flwr.privacy.attacks import popularity_reidentification
 def main() -> None:
     """Measure on ML-100K and write the JSON record."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", default="../shared/data")
+    add_data_dir(ap)
     ap.add_argument("--out", default="benchmarks/results/token_frequency_leak.json")
     args = ap.parse_args()
     root = Path(args.data_dir) / "ml-100k"

@@ -31,7 +31,7 @@ from fedrec_flwr.fedgnn.protocol import (
     published_popularity,
     split_download,
 )
-from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, UserStore
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, UserStore
 from fedrec_flwr.models.rating_gnn import build_model
 
 
@@ -42,7 +42,7 @@ class FedGNNClient(NumPyClient):
                  store: UserStore, device: torch.device | None = None):
         self.cfg, self.meta, self.user_ids, self.load_user, self.store = cfg, meta, list(user_ids), load_user, store
         self._hosted = set(self.user_ids)
-        self.device_cfg = DeviceConfig.from_config(cfg)  # the sections each hosted user reads
+        self.device_cfg = DeviceSections.from_config(cfg)  # the sections each hosted user reads
         self.device = device or torch.device("cpu")
         self.model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one copy, shared by the hosted users in turn
 

@@ -1,7 +1,7 @@
 """FPPDM client: one domain (cross-silo) holding its whole user-item graph and a Gaussian LightGCN.
 
-Only the domain's users' Gaussians (mu, sigma) leave it; item parameters and interactions
-stay. Each round it trains `fppdm.training.local_epochs` epochs of the Wasserstein metric loss plus
+Only the domain's users' Gaussians (mu, sigma) leave it (`fedrec_flwr.fppdm.protocol`: the message
+layouts); item parameters and interactions stay. Each round it trains `fppdm.training.local_epochs` epochs of the Wasserstein metric loss plus
 lambda_P * W2^2(local user, global user) towards the barycenters the server sent back.
 """
 
@@ -14,6 +14,12 @@ from flwr.client import NumPyClient
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import Domain
 from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
+from fedrec_flwr.fppdm.protocol import (
+    frame_ciphertexts,
+    frame_gaussians,
+    split_encrypted_download,
+    split_gaussians,
+)
 from fedrec_flwr.fppdm.secure_barycenter import (
     decrypt_barycenters,
     domain_crypto,
@@ -44,18 +50,21 @@ class FPPDMDomainClient(NumPyClient):
         dim = self.trainer.dim
         ids, g_mu, g_sigma = np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros((0, dim), np.float32)
         if parameters and self.keys is not None:  # encrypted sums: decrypt here, divide by the domain counts
-            ids = np.asarray(parameters[0], np.int64)
-            g_mu, g_sigma = decrypt_barycenters(self.keys, self.packer, parameters[1], np.asarray(parameters[2]), dim)
+            down = split_encrypted_download(parameters)
+            ids = down.ids.astype(np.int64)
+            g_mu, g_sigma = decrypt_barycenters(self.keys, self.packer, down.ciphertexts, down.extra, dim)
         elif parameters:
-            ids, g_mu, g_sigma = (np.asarray(parameters[0], np.int64), np.asarray(parameters[1], np.float32),
-                                  np.asarray(parameters[2], np.float32))
+            down = split_gaussians(parameters)
+            ids, g_mu, g_sigma = down.ids.astype(np.int64), down.mu.astype(np.float32), down.sigma.astype(np.float32)
         loss = self.trainer.train(int(config["round"]), ids, g_mu, g_sigma)
         self.store.save(self.trainer.state())
         mu, sigma = self.trainer.user_distributions()
         own = self.trainer.data.global_ids.astype(np.int64)
         if self.keys is not None:
-            return [own, encrypt_users(self.keys, self.packer, mu, sigma), public_n_array(self.keys)], 1, {"train_loss": loss}
-        return [own, mu, sigma], 1, {"train_loss": loss}
+            upload = frame_ciphertexts(own, encrypt_users(self.keys, self.packer, mu, sigma), public_n_array(self.keys))
+        else:
+            upload = frame_gaussians(own, mu, sigma)
+        return upload, 1, {"train_loss": loss}
 
     def evaluate(self, parameters, config):
         """Ranking metrics on this domain's leave-one-out test items."""

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Run one simulation on a multi-node Ray cluster through Flower's simulation runtime.
 #
-#   deploy/ray_cluster_run.sh --local-cluster [benchmarks.run arguments]   # head + a second node on loopback
-#   RAY_ADDRESS=HOST:PORT deploy/ray_cluster_run.sh [benchmarks.run arguments]   # a cluster you started
+#   deploy/ray_cluster_run.sh --local-cluster [fedrec run arguments]   # head + a second node on loopback
+#   RAY_ADDRESS=HOST:PORT deploy/ray_cluster_run.sh [fedrec run arguments]   # a cluster you started
 #
 # Flower's Ray backend calls ray.init() without an address, and Ray then joins the cluster named by
 # RAY_ADDRESS. `flwr run . local` hands the run to a background SuperLink that keeps the environment
@@ -46,4 +46,4 @@ EOF
 )
 echo "ray_cluster_run.sh: cluster at $RAY_ADDRESS: $nodes (nodes, CPUs)"
 pkill -f flower-superlink 2>/dev/null || true  # a SuperLink started before would ignore RAY_ADDRESS
-"$PY" -m benchmarks.run "$@"
+"$PY" -m fedrec_flwr.cli run "$@"

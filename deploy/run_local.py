@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.app_source import staged_app  # noqa: E402  (the project's root is on the path only now)
+from fedrec_flwr.app_source import staged_app  # noqa: E402  (the project's root is on the path only now)
 
 
 class DeployError(RuntimeError):

@@ -34,11 +34,11 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {
     "fedgnn": Algorithm("fedgnn", "fedrec_flwr.server_app:fedgnn_components", "fedrec_flwr.client_app:fedgnn_client",
-                        "fedrec_flwr.algorithms:user_nodes", "fedrec_flwr.node_data:export_users"),
+                        "fedrec_flwr.federation_size:user_nodes", "fedrec_flwr.node_data:export_users"),
     "fppdm": Algorithm("fppdm", "fedrec_flwr.server_app:fppdm_components", "fedrec_flwr.client_app:fppdm_client",
-                       "fedrec_flwr.algorithms:domain_nodes", "fedrec_flwr.node_data:export_domains"),
+                       "fedrec_flwr.federation_size:domain_nodes", "fedrec_flwr.node_data:export_domains"),
     "trivial": Algorithm("trivial", "fedrec_flwr.server_app:trivial_components", "fedrec_flwr.client_app:trivial_client",
-                         "fedrec_flwr.algorithms:user_nodes"),
+                         "fedrec_flwr.federation_size:user_nodes"),
 }
 
 
@@ -48,18 +48,3 @@ def get_algorithm(name: str) -> Algorithm:
         return ALGORITHMS[name]
     except KeyError:
         raise ValueError(f"unknown algorithm '{name}'; expected one of {sorted(ALGORITHMS)}") from None
-
-
-def user_nodes(cfg) -> int:
-    """SuperNodes of a per-user simulation: one per `simulation.users_per_node` users."""
-    from fedrec_flwr.data import UserPartitions, prepare_partitions
-
-    num_users = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
-    return -(-num_users // cfg.simulation.users_per_node)
-
-
-def domain_nodes(cfg) -> int:
-    """SuperNodes of a per-domain simulation: one per domain."""
-    from fedrec_flwr.data import load_multidomain
-
-    return len(load_multidomain(cfg.data).domains)

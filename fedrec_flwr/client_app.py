@@ -19,8 +19,8 @@ from fedrec_flwr.data import (
     load_multidomain,
     prepare_partitions,
 )
+from fedrec_flwr.data.node_files import load_domain_file, load_user_file
 from fedrec_flwr.logs import configure_console_logging
-from fedrec_flwr.node_data import load_domain_file, load_user_file
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from .results import load_results
@@ -42,17 +41,3 @@ def plot_runs(paths: list[str], out_dir: str) -> list[Path]:
         plt.close(fig)
         written.append(target)
     return written
-
-
-def main() -> None:
-    """CLI: python -m fedrec_flwr.plot RESULTS [RESULTS ...] --out DIR"""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("results", nargs="+", help="results.json files or folders holding one")
-    ap.add_argument("--out", default="outputs/plots")
-    args = ap.parse_args()
-    for path in plot_runs(args.results, args.out):
-        print(path)
-
-
-if __name__ == "__main__":
-    main()

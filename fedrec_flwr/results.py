@@ -158,6 +158,16 @@ def report_round(recorder: "RunRecorder | None", tag: str, record: dict[str, Any
     console.report(record, complete)
 
 
+def report_final(tag: str, summary: dict[str, Any], path: Path) -> None:
+    """The run's last console line: `[tag] FINAL {summary} results: PATH`."""
+    print(f"[{tag}] FINAL {summary} results: {path}", flush=True)
+
+
+def report_failure(tag: str, reason: str, path: Path) -> None:
+    """The console line of a run that ends without a result: `[tag] FAILED: reason (results: PATH)`."""
+    print(f"[{tag}] FAILED: {reason} (results: {path})", flush=True)
+
+
 def load_results(path: str | Path) -> dict[str, Any]:
     """Read a results.json (a file or a folder holding one)."""
     p = Path(path)

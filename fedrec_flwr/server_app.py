@@ -13,6 +13,7 @@ from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.baselines import baseline_rmses, baselines_on_users
 from fedrec_flwr.config import from_run_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
+from fedrec_flwr.data.node_files import load_catalogue
 from fedrec_flwr.fedgnn.protocol import ExpansionLink
 from fedrec_flwr.logs import configure_console_logging, show_flower_round_logs
 from fedrec_flwr.neighbours import (
@@ -22,7 +23,6 @@ from fedrec_flwr.neighbours import (
     new_run_key,
 )
 from fedrec_flwr.neighbours.process import start_local_service
-from fedrec_flwr.node_data import load_catalogue
 from fedrec_flwr.results import RunRecorder
 
 log = logging.getLogger("fedrec_flwr.server")

@@ -1,8 +1,6 @@
-"""Print the final summary of a run from its results.json (used after `make run`)."""
+"""The final summary of a run from its results.json (`fedrec run` prints it; `fedrec summary` too)."""
 
 from __future__ import annotations
-
-import sys
 
 from .baselines import best_trivial
 from .results import load_results
@@ -53,7 +51,3 @@ def summarize(path: str) -> str:
         lines.append(f"  per client per round: {sum(up) / len(up) / 1e6:.3f} MB up, {sum(down) / len(down) / 1e6:.3f} MB down")
     lines.append(f"  results: {path}/results.json")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    print(summarize(sys.argv[1] if len(sys.argv) > 1 else "outputs/latest"))

@@ -17,9 +17,10 @@ from typing import Callable
 from flwr.common import EvaluateIns, FitIns, Parameters, ndarrays_to_parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import FedAvg
+from flwr.server.strategy import Strategy
 
 from fedrec_flwr.config import AppConfig, to_dict
+from fedrec_flwr.fedgnn.bindings import bindings_for
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, config_diff
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
@@ -31,7 +32,6 @@ from fedrec_flwr.fedgnn.protocol import (
     RoundConfig,
     array_bytes,
 )
-from fedrec_flwr.fedgnn.registry import registry_for
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.messages import NodeReply
@@ -41,22 +41,21 @@ from strategies.nodes import decode_replies, wait_for_nodes
 log = logging.getLogger("fedrec_flwr.fedgnn")
 
 
-class FedGNNStrategy(FedAvg):
-    """FedAvg over model gradients with item-row gradients merged by id (FedGNN's server)."""
+class FedGNNStrategy(Strategy):
+    """FedGNN's server behind Flower's Strategy API: model gradients averaged, item-row gradients merged by id
+    (`fedrec_flwr.fedgnn.rounds` does the work; this class adds FitIns/EvaluateIns, phases and checkpoints)."""
 
     def __init__(
         self, cfg: AppConfig, num_items: int, bias_init: float, recorder: RunRecorder | None = None,
         num_users: int = 0, expansion: ExpansionLink | None = None, num_item_features: int = 0, *,
         rating_span: float, test_ratings: int | None = None,
-        baselines: Callable[[list[int]], tuple[dict[str, float], int]] | None = None, **kwargs,
+        baselines: Callable[[list[int]], tuple[dict[str, float], int]] | None = None,
     ):
-        super().__init__(min_fit_clients=1, min_evaluate_clients=1, min_available_clients=1, accept_failures=True,
-                         **kwargs)
         self.cfg = cfg
         self.server = FedGNNServer.from_config(cfg, num_items, bias_init, num_item_features=num_item_features)
-        self.registry = registry_for(num_users, cfg.deployment, cfg.data.catalogue, cfg.simulation.users_per_node)
+        self.bindings = bindings_for(num_users, cfg.deployment, cfg.data.catalogue, cfg.simulation.users_per_node)
         self.recorder = recorder
-        self.rounds = FedGNNRounds.from_config(cfg, self.server, self.registry, rating_span, recorder, test_ratings,
+        self.rounds = FedGNNRounds.from_config(cfg, self.server, self.bindings, rating_span, recorder, test_ratings,
                                                baselines)
         self.expansion = expansion
         if cfg.expansion.mode != "none" and expansion is None:
@@ -113,7 +112,7 @@ class FedGNNStrategy(FedAvg):
         return {"expansion": self.expansion, "retries": self.cfg.expansion.retries}
 
     def _registered_nodes(self, client_manager: ClientManager) -> dict[int, ClientProxy]:
-        registered = set(self.registry.nodes)
+        registered = set(self.bindings.nodes)
         return {c.node_id: c for c in client_manager.all().values() if c.node_id in registered}
 
     # -- Flower strategy API ---------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from flwr.common import EvaluateIns, FitIns, ndarrays_to_parameters
-from flwr.server.strategy import FedAvg
+from flwr.server.strategy import Strategy
 
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.fppdm.rounds import FPPDMRounds
@@ -21,12 +21,10 @@ from fedrec_flwr.results import RunRecorder
 from strategies.nodes import decode_replies, wait_for_nodes
 
 
-class WassersteinBarycenterStrategy(FedAvg):
+class WassersteinBarycenterStrategy(Strategy):
     """Aggregates per-user diagonal Gaussians by their W2 barycenter (FPPDM)."""
 
     def __init__(self, cfg: AppConfig, num_users: int, num_domains: int, recorder: RunRecorder | None = None):
-        super().__init__(min_fit_clients=num_domains, min_available_clients=num_domains,
-                         min_evaluate_clients=num_domains, accept_failures=True)
         self.cfg, self.num_domains = cfg, num_domains
         self.rounds = FPPDMRounds.from_config(cfg, num_users, recorder, num_domains)
         self.round_started = time.time()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.direct import run_direct
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.accounting import budget, epsilon_per_coordinate, tight_epsilon
 from fedrec_flwr.fedgnn.server import sample_users
+from fedrec_flwr.inprocess import run_in_process
 
 
 def test_one_coordinate_is_the_papers_epsilon_and_tight_never_exceeds_basic():
@@ -32,7 +32,7 @@ def test_budget_reports_per_upload_and_per_user_totals():
 
 def test_recorded_upload_counts_equal_the_sampling(tiny_cfg):
     cfg = tiny_cfg("federation.rounds=5", "federation.clients_per_round=12", "federation.eval_every=5")
-    out = run_direct(cfg, log_every=0)
+    out = run_in_process(cfg, log_every=0)
     parts = UserPartitions(prepare_partitions(cfg.data))
     users = [u for u in range(parts.meta.num_users) if parts.user(u).train_items.size]
     expected = np.zeros(parts.meta.num_users, np.int64)
@@ -41,3 +41,25 @@ def test_recorded_upload_counts_equal_the_sampling(tiny_cfg):
     counts = expected[users]
     assert out["uploads_per_user"] == {"max": int(counts.max()), "median": float(np.median(counts)),
                                        "total": int(expected.sum())}
+
+
+def test_the_accountant_records_uploads_and_resumes_from_its_checkpoint_state():
+    """Events in, epsilon on demand: a user's budget grows with its uploads, and an accountant restored from
+    another's state reports the same budget (the server checkpoint carries it)."""
+    from fedrec_flwr.fedgnn.accounting import LDPAccountant
+
+    first = LDPAccountant(3, 0.1, 0.2, 1e-5)
+    for user in (0, 0, 2):
+        first.record_upload(user)
+    coordinates = {0: 100, 1: 100, 2: 100}
+    spent = first.budget(coordinates)
+    assert spent["per_user_run"]["max"]["uploads"] == 2 and spent["per_user_run"]["max"]["basic"] == pytest.approx(200)
+    assert first.upload_counts([0, 1, 2]) == {"max": 2, "median": 1.0, "total": 3}
+    resumed = LDPAccountant(3, 0.1, 0.2, 1e-5)
+    resumed.restore(first.state())
+    assert resumed.budget(coordinates) == spent
+    resumed.record_upload(1)
+    assert resumed.budget(coordinates)["per_user_run"]["median"]["uploads"] == 1
+    with pytest.raises(ValueError, match="upload counts of 3 users, this run has 4"):
+        LDPAccountant(4, 0.1, 0.2, 1e-5).restore(first.state())
+    assert LDPAccountant(3, 0.1, 0.2, 1e-5, ldp=False).budget(coordinates) is None

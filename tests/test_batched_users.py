@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.direct import run_direct
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.batched import train_users
-from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
+from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.models.rating_gnn import build_model, row_width
 
 DELTA = ["local.upload=delta", "local.steps=3", "local.batch_size=7", "local.loss=mean", "local.user_steps=3",
@@ -33,7 +33,7 @@ def _uploads(tmp_path, gnn: str, extra: list[str], batch: int):
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
     weights = [p.detach().numpy().copy() for p in model.parameters()]
     store = MemoryStore()
-    users = [FedGNNUser(DeviceConfig.from_config(cfg), meta, parts.user(u), store, None, model) for u in range(24)]
+    users = [FedGNNUser(DeviceSections.from_config(cfg), meta, parts.user(u), store, None, model) for u in range(24)]
     for u in users:  # some users with neighbours (0-2 of them), as graph expansion leaves them
         u.state.neighbours = np.random.default_rng(u.user).standard_normal((u.user % 3, 8)).astype(np.float32) * 0.1
     rows = [np.random.default_rng(100 + u.user).standard_normal((u.state.anonymity_ids.size, row_width(cfg.model)))
@@ -63,7 +63,7 @@ def test_a_run_with_sixteen_users_per_batch_matches_one_at_a_time(tmp_path):
         cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "model.dim=8", "federation.rounds=4",
                                                "federation.eval_every=4", "federation.clients_per_round=48",
                                                f"simulation.user_batch={batch}"])
-        return run_direct(cfg, log_every=0)["rmse"]
+        return run_in_process(cfg, log_every=0)["rmse"]
 
     one, sixteen = run(1), run(16)
     assert np.isfinite(one)

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run import main as run_main
+from fedrec_flwr.cli import main as cli_main
 from fedrec_flwr.config import (
-    _RANGES,
     AppConfig,
     ConfigError,
     from_run_config,
@@ -23,6 +22,11 @@ from fedrec_flwr.config import (
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def run_main(argv: list[str]) -> None:
+    """`fedrec run ARGV`."""
+    cli_main(["run", *argv])
+
+
 def _default(key: str):
     value = AppConfig()
     for part in key.split("."):
@@ -30,12 +34,13 @@ def _default(key: str):
     return value
 
 
-FLOAT_KEYS = [k for k in numeric_keys() if isinstance(_default(k), float)]
+RANGES = numeric_keys()  # key -> the range declared beside its field
+FLOAT_KEYS = [k for k in RANGES if isinstance(_default(k), float)]
 
 
 def _outside(key: str) -> list[str]:
     """Values just outside the key's range, written as an override would be."""
-    rule, default = _RANGES[key], _default(key)
+    rule, default = RANGES[key], _default(key)
     kind = type(default[0]) if isinstance(default, list) else type(default)
     bad = []
     if rule.low is not None:
@@ -46,11 +51,9 @@ def _outside(key: str) -> list[str]:
     return [f"[{t}]" for t in text] if isinstance(default, list) else text
 
 
-def test_every_numeric_key_has_a_range_rule():
-    keys = numeric_keys()
-    assert {"seed", "data.synthetic.degree_exponent", "fppdm.evaluation.topk", "deployment.node_wait_seconds"} <= set(keys)
-    assert sorted(set(keys) - set(_RANGES)) == [], "numeric config keys without a rule in config._RANGES"
-    assert sorted(set(_RANGES) - set(keys)) == [], "rules in config._RANGES for keys that do not exist"
+def test_every_numeric_key_declares_its_range_beside_its_field():
+    assert {"seed", "data.synthetic.degree_exponent", "fppdm.evaluation.topk", "deployment.node_wait_seconds"} <= set(RANGES)
+    assert sorted(k for k, rule in RANGES.items() if rule is None) == [], "numeric config fields without ranged(...)"
 
 
 def test_the_defaults_and_every_preset_are_in_range():
@@ -66,7 +69,7 @@ def test_nan_and_infinity_are_refused_for_every_float_key(key):
             load_config("fedgnn_paper", "synthetic", [f"{key}={value}"])
 
 
-@pytest.mark.parametrize("key", sorted(k for k, r in _RANGES.items() if r.low is not None or r.high is not None))
+@pytest.mark.parametrize("key", sorted(k for k, r in RANGES.items() if r.low is not None or r.high is not None))
 def test_every_bounded_key_refuses_a_value_outside_its_range(key):
     for value in _outside(key):
         with pytest.raises(ConfigError, match=re.escape(f"config key '{key}' = ")):
@@ -129,23 +132,20 @@ def test_each_error_is_one_line_naming_the_key(override, key):
     assert key in str(err.value) and "\n" not in str(err.value)
 
 
-def test_benchmark_cli_prints_a_config_error_as_one_line_and_exits_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.run", "--out", str(tmp_path / "o"), "--set", "federation.rounds=0"],
+def test_the_cli_prints_a_config_error_as_one_line_and_exits_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fedrec_flwr.cli", "run", "--out", str(tmp_path / "o"), "--set", "federation.rounds=0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == ["error: config key 'federation.rounds' = 0; expected >= 1"]
 
 
-def test_benchmark_mains_exit_2_on_config_errors(tmp_path, capsys, monkeypatch):
+def test_every_run_mode_exits_2_on_config_errors(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as stopped:
         run_main(["--out", str(tmp_path / "o"), "--centralized", "--set", "centralized.lr=inf"])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
         "error: config key 'centralized.lr' = inf; expected a finite number (not NaN or infinity)"]
-    import benchmarks.direct as direct  # imports torch: only here
-
-    monkeypatch.setattr(sys, "argv", ["direct", "--set", "fppdm.secure.key_bits=64"])
     with pytest.raises(SystemExit) as stopped:
-        direct.main()
+        run_main(["--in-process", "--set", "fppdm.secure.key_bits=64"])
     assert stopped.value.code == 2 and capsys.readouterr().err.splitlines() == [
         "error: config key 'fppdm.secure.key_bits' = 64; expected >= 512"]

@@ -3,9 +3,9 @@
 For each of ml-100k, douban, flixster, yahoo_music, ml-1m and ml-10m: a tiny fixture in that dataset's
 file format goes where the registry looks for it (under the data dir; existing files are read without
 a checksum, which is checked only on download), the preset + dataset file resolve to the dataset's
-own settings, and the run of `benchmarks.run --preset fedgnn_tuned --dataset <name>`, cut to 2 training
+own settings, and the run of `fedrec run --preset fedgnn_tuned --dataset <name>`, cut to 2 training
 rounds, ends with a finite RMSE on the dataset's scale. Flixster goes through the driver itself
-(`benchmarks.run.main`), whose `flwr run` is answered by the app's own ServerApp and ClientApp entry
+(`fedrec_flwr.cli.main`), whose `flwr run` is answered by the app's own ServerApp and ClientApp entry
 points in this process (the real `flwr run`, about 90 s with a fresh SuperLink, with
 FEDREC_FLWR_PRESET_TEST=1); the rest through the same server and clients in one process (tests/inprocess.py).
 """
@@ -34,7 +34,7 @@ from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.client_app import client_fn, users_of
 from fedrec_flwr.config import CONF_DIR, load_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_from_config, prepare_partitions
-from fedrec_flwr.data.registry import get_spec
+from fedrec_flwr.data.sources import get_spec
 from fedrec_flwr.server_app import fedgnn_components, server_fn
 
 # public facts of each dataset (README "Datasets"): users, items, and the most ratings one user has
@@ -214,7 +214,7 @@ def test_a_two_round_fedgnn_tuned_run_on_a_fixture_of_each_dataset(name, tmp_pat
 
 
 def _in_process_flwr_run(cmd: list[str], env) -> int:
-    """Stands in for `flwr run` (benchmarks.run.stream_flwr_run): the run config and SuperNode count the driver
+    """Stands in for `flwr run` (fedrec_flwr.runner.stream_flwr_run): the run config and SuperNode count the driver
     passed, fused with pyproject's defaults as Flower does, into the app's own ServerApp and ClientApp entry
     points (server_fn, client_fn), driven in this process. Returns the exit code 0."""
     class AsNumPy:
@@ -252,15 +252,16 @@ def _in_process_flwr_run(cmd: list[str], env) -> int:
         reason="through `flwr run` this takes about 90 s (a fresh SuperLink and Ray): set FEDREC_FLWR_PRESET_TEST=1")),
 ])
 def test_flixster_through_the_benchmark_driver(tmp_path, capsys, monkeypatch, transport):
-    """`python -m benchmarks.run --preset fedgnn_tuned --dataset flixster --data-dir DATA`, cut to 2 rounds: the
+    """`fedrec run --preset fedgnn_tuned --dataset flixster --data-dir DATA`, cut to 2 rounds: the
     driver's own config, node count and run config, then `flwr run` itself (or the same apps in this process)."""
-    import benchmarks.run as run_driver
+    import fedrec_flwr.runner as run_driver
+    from fedrec_flwr.cli import main as cli_main
 
     if transport == "in-process":
         monkeypatch.setattr(run_driver, "stream_flwr_run", _in_process_flwr_run)
     scale = write_fixture("flixster", tmp_path / "data")
     out = tmp_path / "out"
-    run_driver.main(["--preset", "fedgnn_tuned", "--dataset", "flixster", "--data-dir", str(tmp_path / "data"),
+    cli_main(["run", "--preset", "fedgnn_tuned", "--dataset", "flixster", "--data-dir", str(tmp_path / "data"),
                      "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--set", "federation.rounds=2"])
     printed = capsys.readouterr().out.strip().splitlines()
     assert "num-supernodes=9" in next(line for line in printed if line.startswith("+ "))  # 25 users, 3 per node

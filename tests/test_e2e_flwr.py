@@ -13,12 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run import main as run_main
+from fedrec_flwr.cli import main as cli_main
 
 needs_superlink = pytest.mark.skipif(
     shutil.which("flower-superlink", path=str(Path(sys.executable).parent)) is None,
     reason="flower-superlink not installed next to this Python",
 )
+
+
+def run_main(argv: list[str]) -> None:
+    """`fedrec run ARGV`."""
+    cli_main(["run", *argv])
 
 
 @needs_superlink
@@ -113,7 +118,7 @@ def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(tmp_pa
               "federation.eval_every=12", "checkpoint.every=2"]
 
     def job(out, *extra):
-        return [sys.executable, "-m", "benchmarks.run", "--out", str(out), *common, *extra]
+        return [sys.executable, "-m", "fedrec_flwr.cli", "run", "--out", str(out), *common, *extra]
 
     assert subprocess.run(job(tmp_path / "clean"), cwd=root, env=env, capture_output=True).returncode == 0
     killed = tmp_path / "killed"

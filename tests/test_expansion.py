@@ -14,7 +14,7 @@ from fedrec_flwr.fedgnn.protocol import (
     PHASE_TRAIN,
 )
 from fedrec_flwr.fedgnn.server import round_schedule
-from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore, local_gradients
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, local_gradients
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
 from strategies.fedgnn import ExpansionLink, FedGNNStrategy
@@ -91,7 +91,7 @@ def test_neighbours_enter_the_star_graph_and_change_predictions(tiny_cfg):
     parts = UserPartitions(prepare_partitions(cfg.data))
     data = parts.user(3)
     store = MemoryStore()
-    client = FedGNNUser(DeviceConfig.from_config(cfg), parts.meta, data, store)
+    client = FedGNNUser(DeviceSections.from_config(cfg), parts.meta, data, store)
     model = build_model(cfg.model, parts.meta.scale.midpoint)
     rows = np.random.default_rng(0).standard_normal((client.state.anonymity_ids.size, cfg.model.dim)).astype(np.float32) * 0.1
     without = local_gradients(client.cfg, model, client.state, data, rows, np.random.default_rng(1))

@@ -92,7 +92,7 @@ def test_a_user_claimed_by_two_nodes_is_refused(tiny_cfg):
     nodes = _nodes(cfg, parts, 60, 1)
     nodes[2] = FedGNNClient(cfg, parts.meta, list(range(60)), parts.user, NodeStateStore(RecordDict()))  # impostor
     drive(strategy, nodes, last_round=1)
-    assert strategy.registry.node_of(0) in (1, 2) and len(strategy.server.registry) == 60
+    assert strategy.bindings.node_of(0) in (1, 2) and len(strategy.server.anonymity_sets) == 60
     assert any("already registered by another node" in why for _, why in strategy.rounds.rejections)
 
 
@@ -106,7 +106,7 @@ def test_a_simulated_node_registers_exactly_its_partition_block(tiny_cfg):
     for nid, users in ((2, [10, 11]), (3, list(range(15, 25))), (4, list(range(20, 30)))):
         nodes[nid] = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict()))
     drive(strategy, nodes, last_round=1)
-    assert sorted(strategy.server.registry) == [*range(10), *range(20, 30)]
+    assert sorted(strategy.server.anonymity_sets) == [*range(10), *range(20, 30)]
     refused = [why for _, why in strategy.rounds.rejections]
     assert len(refused) == 2 and all("hosts exactly users" in why for why in refused)
 
@@ -199,7 +199,7 @@ def test_undecodable_uploads_and_unsampled_users_are_rejected_not_fatal(tiny_cfg
     (proxy, fit_ins), *_ = strategy.configure_fit(2, None, Manager(nodes))
     arrays, n, m = nodes[proxy.node_id].fit(parameters_to_ndarrays(fit_ins.parameters), fit_ins.config)
     sampled = set(arrays[0].tolist())
-    other = next(u for u in strategy.registry.live_users({proxy.node_id}) if u not in sampled)
+    other = next(u for u in strategy.bindings.live_users({proxy.node_id}) if u not in sampled)
     parts = split_users(arrays, TRAIN_FIELDS)
     forged = frame_users([*(u for u, _ in parts), other], [*(p for _, p in parts), parts[0][1]], TRAIN_FIELDS)  # a copy as `other`
     garbage = Parameters(tensors=[b"\x80\x04not an array"], tensor_type="numpy.ndarray")

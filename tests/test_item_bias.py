@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.direct import run_direct
 from fedrec_flwr.config import ConfigError, load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.fedgnn.registry import UserRegistry
+from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
-from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore, evaluate_user, local_gradients
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, evaluate_user, local_gradients
+from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.messages import UploadRejected
 from fedrec_flwr.models.rating_gnn import build_model, row_width
 from fedrec_flwr.models.star_graph import build_star_batch
@@ -30,7 +30,7 @@ def _user(cfg):
     user = next(u for u in range(parts.meta.num_users)
                 if parts.user(u).train_items.size >= 3 and parts.user(u).test_items.size)
     torch.manual_seed(0)
-    return FedGNNUser(DeviceConfig.from_config(cfg), parts.meta, parts.user(user), MemoryStore()), parts.meta
+    return FedGNNUser(DeviceSections.from_config(cfg), parts.meta, parts.user(user), MemoryStore()), parts.meta
 
 
 def test_rows_have_width_d_plus_one_and_their_last_column_is_a_bias(tiny_cfg):
@@ -87,10 +87,10 @@ def test_the_accounting_counts_the_bias_coordinate_of_every_row(tiny_cfg):
         cfg = tiny_cfg(*extra)
         parts = UserPartitions(prepare_partitions(cfg.data))
         server = FedGNNServer.from_config(cfg, parts.meta.num_items, parts.meta.scale.midpoint)
-        rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(parts.meta.num_users, block_size=1), 4.0)
+        rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(parts.meta.num_users, block_size=1), 4.0)
         ids = np.arange(47)  # one user with an anonymity set of 47 items, one upload
         server.register(0, ids)
-        rounds.uploads[0] = 1
+        rounds.accountant.record_upload(0)
         model = sum(int(np.prod(s)) for s in server.model_shapes)
         return rounds.privacy_budget()["per_upload"]["coordinates"], model, cfg.model.dim
 
@@ -127,7 +127,7 @@ def test_with_both_options_off_a_quickstart_run_is_unchanged(tmp_path):
     def run(*extra: str) -> float:
         cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "federation.rounds=4", "federation.eval_every=4",
                                                "federation.clients_per_round=48", *extra])
-        return run_direct(cfg, log_every=0)["rmse"]
+        return run_in_process(cfg, log_every=0)["rmse"]
 
     default = run()
     assert run("model.item_bias=false", "model.user_offset_init=zero") == default  # bit for bit

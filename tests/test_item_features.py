@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.direct import run_direct
 from fedrec_flwr.data import DataError, UserPartitions, prepare_partitions
-from fedrec_flwr.data.registry import load_dataset
+from fedrec_flwr.data.node_files import NodeDataError, load_user_file
+from fedrec_flwr.data.sources import load_dataset
 from fedrec_flwr.fedgnn.server import FedGNNServer
-from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
+from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.models.rating_gnn import RatingGNN
 from fedrec_flwr.models.star_graph import build_star_batch
-from fedrec_flwr.node_data import NodeDataError, export_nodes, load_user_file
+from fedrec_flwr.node_data import export_nodes
 
 
 def _item_line(item: int, genres: list[int]) -> str:
@@ -102,13 +103,13 @@ def test_features_flow_through_partitions_and_are_learned_under_ldp(tiny_cfg):
         seen["map"] = server.model.item_feature_map.detach().clone()
         return {}
 
-    out = run_direct(cfg, log_every=0, probe=probe)
+    out = run_in_process(cfg, log_every=0, probe=probe)
     assert np.isfinite(out["rmse"]) and seen["map"].abs().max() > 0
 
     # the feature map's gradient is part of the model upload: clipped like every other coordinate
     cfg_tight = tiny_cfg("data.item_features=true", "privacy.noise_lambda=1e-9")
     server = FedGNNServer.from_config(cfg_tight, parts.meta.num_items, parts.meta.scale.midpoint, num_item_features=8)
-    user = FedGNNUser(DeviceConfig.from_config(cfg_tight), parts.meta, parts.user(5), MemoryStore())
+    user = FedGNNUser(DeviceSections.from_config(cfg_tight), parts.meta, parts.user(5), MemoryStore())
     server.register(5, user.register())
     upload = user.train(server.model_weights(), server.rows_for(5), 2)
     assert len(upload) == len(server.model_weights()) + 2

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.fedgnn.user import DeviceConfig, init_user_state, local_gradients
+from fedrec_flwr.fedgnn.user import DeviceSections, init_user_state, local_gradients
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.privacy import clip_linf
 
@@ -16,9 +16,9 @@ def _step(cfg, user: int = 3):
     meta, data = parts.meta, parts.user(user)
     torch.manual_seed(0)
     model = build_model(cfg.model, meta.scale.midpoint)
-    state = init_user_state(DeviceConfig.from_config(cfg), meta, data)
+    state = init_user_state(DeviceSections.from_config(cfg), meta, data)
     rows = (np.random.default_rng(1).standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
-    step = local_gradients(DeviceConfig.from_config(cfg), model, state, data, rows, np.random.default_rng(2))
+    step = local_gradients(DeviceSections.from_config(cfg), model, state, data, rows, np.random.default_rng(2))
     return step.model_grads, step.real_rows, step.loss, model, data
 
 
@@ -54,7 +54,7 @@ def test_private_offset_learns_the_users_level_and_stays_on_the_device(tiny_cfg)
     data = parts.user(3)
     data.train_values[:] = meta.scale.high  # a user who rates everything at the top of the scale
     store = NodeStateStore(RecordDict())
-    user = FedGNNUser(DeviceConfig.from_config(cfg), meta, data, store)
+    user = FedGNNUser(DeviceSections.from_config(cfg), meta, data, store)
     weights = [p.detach().numpy().copy() for p in user.model.parameters()]
     rows = np.zeros((user.state.anonymity_ids.size, cfg.model.dim), np.float32)
     upload = user.train(weights, rows, server_round=2)

@@ -7,9 +7,9 @@ import pytest
 from inprocess import drive
 from test_fedgnn_protocol import SMALL, _nodes, _run
 
-from benchmarks.popularity_attack import measure
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.accounting import budget
+from fedrec_flwr.privacy.attacks import registration_popularity_attack
 from fedrec_flwr.privacy.popularity import (
     check_report,
     estimate_counts,
@@ -59,7 +59,7 @@ def test_every_stratum_holds_ratio_pseudo_items_per_own_item_unless_exhausted():
 def _sets_attack(tiny_cfg, sampler):
     cfg = tiny_cfg("data.synthetic.num_users=600", "data.synthetic.num_items=300", "data.synthetic.mean_degree=15",
                    "privacy.pseudo_items=60", f"privacy.pseudo_sampler={sampler}")
-    return measure(cfg)
+    return registration_popularity_attack(cfg)
 
 
 ATTACKS = ("observed set counts", "true training popularity")
@@ -79,7 +79,7 @@ def test_matched_sets_hold_the_popularity_attack_at_chance_level_on_ml100k(share
     """The claim on real data: AUC <= 0.60 by the received sets' counts and by the true popularity."""
     from fedrec_flwr.config import load_config
 
-    result = measure(load_config("fedgnn_tuned", "ml-100k", [f"data.data_dir={shared_data}",
+    result = registration_popularity_attack(load_config("fedgnn_tuned", "ml-100k", [f"data.data_dir={shared_data}",
                                                               "privacy.pseudo_sampler=popularity"]))
     for attack in ATTACKS:
         assert result[attack]["auc"] <= 0.60, result
@@ -151,17 +151,17 @@ def test_exhausted_strata_are_topped_up_to_the_servers_minimum():
 
 
 def test_only_the_node_that_reported_for_a_user_may_register_it(tiny_cfg):
+    from fedrec_flwr.fedgnn.bindings import NodeBindings
     from fedrec_flwr.fedgnn.protocol import frame_users
-    from fedrec_flwr.fedgnn.registry import UserRegistry
     from fedrec_flwr.fedgnn.rounds import FedGNNRounds
     from fedrec_flwr.fedgnn.server import FedGNNServer
     from fedrec_flwr.messages import NodeReply
 
     cfg = tiny_cfg("privacy.pseudo_sampler=popularity")
     server = FedGNNServer.from_config(cfg, 80, 3.0)
-    rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(60), 4.0)
+    rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(60), 4.0)
     rounds.popularity(0, [NodeReply(1, frame_users([5], [[np.zeros(80, np.uint8)]], 1))], 0.0)
     rounds.register(1, [NodeReply(2, frame_users([5], [[np.arange(10, dtype=np.int32)]], 1))], 0.0)
-    assert 5 not in server.registry and "popularity report from another node" in rounds.rejections[-1][1]
+    assert 5 not in server.anonymity_sets and "popularity report from another node" in rounds.rejections[-1][1]
     rounds.register(1, [NodeReply(1, frame_users([5], [[np.arange(10, dtype=np.int32)]], 1))], 0.0)
-    assert 5 in server.registry
+    assert 5 in server.anonymity_sets

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from benchmarks.direct import run_direct
 from fedrec_flwr.baselines import baseline_rmses, best_trivial
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.inprocess import run_in_process
 
 
 def test_half_the_quickstart_schedule_already_beats_the_trivial_baselines(tmp_path):
@@ -15,5 +15,5 @@ def test_half_the_quickstart_schedule_already_beats_the_trivial_baselines(tmp_pa
     cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "federation.rounds=100", "federation.eval_every=100"])
     assert cfg.privacy.ldp and cfg.privacy.pseudo_items == 1000
     best = best_trivial(baseline_rmses(UserPartitions(prepare_partitions(cfg.data)).ratings()))
-    rmse = run_direct(cfg, log_every=0)["rmse"]
+    rmse = run_in_process(cfg, log_every=0)["rmse"]
     assert rmse < 0.95 * best, (rmse, best)

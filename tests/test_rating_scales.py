@@ -11,13 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.direct import run_direct
 from fedrec_flwr.baselines import baseline_rmses
 from fedrec_flwr.config import ConfigError, load_config
-from fedrec_flwr.data import RatingScale, UserPartitions, prepare_partitions
-from fedrec_flwr.data.partition import public_scale
+from fedrec_flwr.data import RatingScale, UserPartitions, prepare_partitions, public_scale
+from fedrec_flwr.data.node_files import load_catalogue, load_user_file
 from fedrec_flwr.data.synthetic import make_synthetic
-from fedrec_flwr.node_data import export_nodes, load_catalogue, load_user_file
+from fedrec_flwr.inprocess import run_in_process
+from fedrec_flwr.node_data import export_nodes
 
 SCALES = ("1-5", "0.5-5", "1-100")
 # 20 rounds of 32 of 120 users (each trained ~5 times), evaluated once: about 8 s a scale on one core
@@ -78,7 +78,7 @@ def runs(tmp_path_factory):
     for scale in SCALES:
         cfg = _cfg(tmp_path_factory.mktemp(scale), scale, *SMALL)
         ds = UserPartitions(prepare_partitions(cfg.data)).ratings()
-        out[scale] = (run_direct(cfg, log_every=0)["rmse"], baseline_rmses(ds)["global_mean"], ds.scale.high - ds.scale.low)
+        out[scale] = (run_in_process(cfg, log_every=0)["rmse"], baseline_rmses(ds)["global_mean"], ds.scale.high - ds.scale.low)
     return out
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.run import main as run_main
+from fedrec_flwr.cli import main as cli_main
 from fedrec_flwr.fedgnn.protocol import ExpansionLink
 from fedrec_flwr.neighbours import new_run_key
 from fedrec_flwr.results import RunRecorder, load_results
@@ -19,6 +19,11 @@ needs_superlink = pytest.mark.skipif(
     shutil.which("flower-superlink", path=str(Path(sys.executable).parent)) is None,
     reason="flower-superlink not installed next to this Python",
 )
+
+
+def run_main(argv: list[str]) -> None:
+    """`fedrec run ARGV`."""
+    cli_main(["run", *argv])
 
 
 def test_results_say_running_from_the_start_and_failed_with_the_reason(tmp_path):
@@ -107,7 +112,7 @@ def test_a_run_with_some_rounds_not_applied_says_how_many(tiny_cfg, tmp_path):
 
 @needs_superlink
 def test_the_all_crash_run_through_flwr_run_exits_non_zero_with_its_reason(tmp_path, capsys):
-    """`python -m benchmarks.run --preset quickstart --set federation.rounds=2 faults.crash=1.0`, made small:
+    """`fedrec run --preset quickstart --set federation.rounds=2 faults.crash=1.0`, made small:
     the driver exits non-zero and its last words are the reason; no RMSE is printed as a result."""
     with pytest.raises(SystemExit) as stop:
         run_main([

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.bounds import (
     FALSE_REJECTION,
     check_upload_bounds,
@@ -16,7 +17,6 @@ from fedrec_flwr.fedgnn.bounds import (
 )
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError
 from fedrec_flwr.fedgnn.protocol import frame_train_upload, frame_users
-from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer, robust_location, validate_upload
 from fedrec_flwr.messages import NodeReply, UploadRejected
@@ -71,13 +71,13 @@ def test_integer_arrays_are_refused_as_gradients():
 
 
 def test_registration_refuses_ids_outside_the_dataset_and_second_claims():
-    registry = UserRegistry(num_users=10)
-    registry.check_claim(1, [0, 9])
-    registry.bind(1, [0, 9])
+    bindings = NodeBindings(num_users=10)
+    bindings.check_claim(1, [0, 9])
+    bindings.bind(1, [0, 9])
     for users, why in (([10], "outside the dataset"), ([-1], "outside the dataset"), ([9], "already registered")):
         with pytest.raises(UploadRejected, match=why):
-            registry.check_claim(2, users)
-    entitled = UserRegistry(10, entitled=lambda node: range(node * 5, node * 5 + 5))
+            bindings.check_claim(2, users)
+    entitled = NodeBindings(10, entitled=lambda node: range(node * 5, node * 5 + 5))
     entitled.check_claim(1, [5, 9])
     with pytest.raises(UploadRejected, match="not assigned to node 1"):
         entitled.check_claim(1, [4])
@@ -85,10 +85,10 @@ def test_registration_refuses_ids_outside_the_dataset_and_second_claims():
 
 def _rounds(cfg, num_users=4, num_items=20, set_size=20):
     server = FedGNNServer.from_config(cfg, num_items, 3.0)
-    rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(num_users), rating_span=4.0)
+    rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(num_users), rating_span=4.0)
     for u in range(num_users):
         server.register(u, np.arange(set_size))
-        rounds.registry.bind(100 + u, [u])
+        rounds.bindings.bind(100 + u, [u])
     rounds.plan_eval({100 + u for u in range(num_users)})
     return rounds
 
@@ -161,12 +161,12 @@ def test_a_reply_naming_more_users_than_its_node_hosts_costs_one_rejection(tiny_
     assert [why for _, why in rounds.rejections] == ["node 100: message names 100000 users; the node may speak "
                                                      "for at most 1"]
     popular = FedGNNRounds.from_config(tiny_cfg("simulation.users_per_node=5"), rounds.server,
-                                       UserRegistry(40, block_size=5), rating_span=4.0)
+                                       NodeBindings(40, block_size=5), rating_span=4.0)
     popular.register(1, [NodeReply(7, frame_users(range(6), [[np.arange(20)]] * 6, 1))], time.time())
     assert "names 6 users; the node may speak for at most 5" in popular.rejections[-1][1]
-    from fedrec_flwr.fedgnn.registry import listed
+    from fedrec_flwr.fedgnn.bindings import listed
 
-    operator = FedGNNRounds.from_config(cfg, rounds.server, UserRegistry(40, listed({3: frozenset([0])})), rating_span=4.0)
+    operator = FedGNNRounds.from_config(cfg, rounds.server, NodeBindings(40, listed({3: frozenset([0])})), rating_span=4.0)
     operator.register(1, [NodeReply(9, frame_users([0], [[np.arange(20)]], 1))], time.time())  # an unlisted node
     assert "user 0 is not assigned to node 9" in operator.rejections[-1][1]  # told why, not only how many
 
@@ -204,18 +204,18 @@ def test_damaged_or_foreign_checkpoints_name_the_file(tmp_path, damage):
 
 
 def test_the_operators_node_list_binds_users_and_domains(tmp_path, tiny_cfg):
-    from fedrec_flwr.fedgnn.registry import registry_for
+    from fedrec_flwr.fedgnn.bindings import bindings_for
     from fedrec_flwr.fppdm.rounds import FPPDMRounds
     from fedrec_flwr.node_list import NodeListError, load_node_list
 
     path = tmp_path / "nodes.json"
     path.write_text('{"11": [0, 1], "12": [2]}')
     cfg = tiny_cfg(f"deployment.node_list={path}")
-    registry = registry_for(3, cfg.deployment, cfg.data.catalogue, cfg.simulation.users_per_node)
-    registry.check_claim(11, [0, 1])
+    bindings = bindings_for(3, cfg.deployment, cfg.data.catalogue, cfg.simulation.users_per_node)
+    bindings.check_claim(11, [0, 1])
     for node, users in ((12, [0]), (13, [2])):
         with pytest.raises(UploadRejected, match=f"not assigned to node {node}"):
-            registry.check_claim(node, users)
+            bindings.check_claim(node, users)
     rounds = FPPDMRounds.from_config(cfg, num_users=5, num_domains=3)
     assert rounds.validate_reply(1, NodeReply(13, [np.zeros(0)])) is None
     assert "not a domain of deployment.node_list" in rounds.rejections[-1][1]

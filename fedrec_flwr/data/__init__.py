@@ -8,8 +8,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from .download import sha256_of
+from .node_files import load_catalogue
 from .partition import UserData, UserPartitions, discard, fingerprint, write_partitions
-from .registry import AnyDataset, dataset_names, get_spec, load_dataset, resolve_root
+from .sources import AnyDataset, dataset_names, get_spec, load_dataset, resolve_root
+from .synthetic import synthetic_scale
 from .types import (
     DataError,
     Domain,
@@ -24,6 +26,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AnyDataset", "DataError", "Domain", "MultiDomainDataset", "RatingDataset", "Ratings", "RatingScale",
     "UserData", "UserPartitions", "dataset_names", "load_from_config", "load_multidomain", "prepare_partitions",
+    "public_scale",
 ]
 
 
@@ -80,3 +83,14 @@ def prepare_partitions(data_cfg) -> Path:
     log.info("partitions of %s ready: %d users, %d items, %d train / %d test ratings (%.1fs)",
              ds.name, ds.num_users, ds.num_items, len(ds.train), len(ds.test), time.time() - t0)
     return directory
+
+
+def public_scale(data_cfg) -> RatingScale:
+    """The public rating scale of the dataset a DataConfig names, found without reading any rating: the
+    catalogue's (deployment), `data.synthetic.scale` (synthetic) or the registry's. The FedGNN server
+    reports metrics on it; every participant works in its reference units."""
+    if data_cfg.catalogue:
+        return load_catalogue(data_cfg.catalogue)["meta"].dataset_scale
+    if data_cfg.name == "synthetic":
+        return synthetic_scale(data_cfg.synthetic.scale)
+    return get_spec(data_cfg.name).scale or RatingScale(1.0, 5.0, 1.0)

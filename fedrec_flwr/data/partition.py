@@ -7,7 +7,7 @@ that a later run would read.
 
 This is also where FedGNN's ratings enter reference units (`RatingScale.to_units`): the cache, the
 per-node files and the catalogue hold the dataset's own ratings and public scale, and what a
-participant is handed (`UserPartitions.user`, `UserPartitions.meta`, `node_data.load_user_file`) is
+participant is handed (`UserPartitions.user`, `UserPartitions.meta`, `data.node_files.load_user_file`) is
 mapped onto [1, 5]. Mapping on read, in one place, keeps every stored format unchanged and every
 consumer (device, server, attacks, benchmarks) on the same units without each knowing about the map.
 """
@@ -81,22 +81,6 @@ class PartitionMeta:
         raw = dict(raw)
         public = raw["scale"] if isinstance(raw["scale"], RatingScale) else RatingScale(**raw["scale"])
         return cls(**{**raw, "scale": public.in_units(), "public_scale": public})
-
-
-def public_scale(data_cfg) -> RatingScale:
-    """The public rating scale of the dataset a DataConfig names, found without reading any rating: the
-    catalogue's (deployment), `data.synthetic.scale` (synthetic) or the registry's. The FedGNN server
-    reports metrics on it; every participant works in its reference units."""
-    from .registry import get_spec  # the registry imports the loaders; only this lookup needs it
-    from .synthetic import synthetic_scale
-
-    if data_cfg.catalogue:
-        from fedrec_flwr.node_data import load_catalogue
-
-        return load_catalogue(data_cfg.catalogue)["meta"].dataset_scale
-    if data_cfg.name == "synthetic":
-        return synthetic_scale(data_cfg.synthetic.scale)
-    return get_spec(data_cfg.name).scale or RatingScale(1.0, 5.0, 1.0)
 
 
 def in_units(data: UserData, scale: RatingScale) -> UserData:

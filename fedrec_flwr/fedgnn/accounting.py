@@ -86,3 +86,52 @@ def budget(clip_delta: float, noise_lambda: float, coordinates: np.ndarray, uplo
                                   "per_user_tight": tight_epsilon(clip_delta, noise_lambda, 0, delta, report_bits,
                                                                   report_epsilon)}} if report_bits else {}),
     }
+
+
+class LDPAccountant:
+    """The privacy ledger of one FedGNN run, in the style of dp-accounting's accountants: it records each
+    user's privacy events as they happen (an upload of C clipped, noised coordinates; the one popularity
+    report of the matched sampler) and gives the budget spent on demand. Its state goes with the server's
+    checkpoint, so a resumed run keeps counting where the killed one stopped."""
+
+    def __init__(self, num_users: int, clip_delta: float, noise_lambda: float, delta: float, ldp: bool = True,
+                 report_bits: int = 0, report_epsilon: float = 0.0):
+        self.clip_delta, self.noise_lambda, self.delta, self.ldp = clip_delta, noise_lambda, delta, ldp
+        self.report_bits, self.report_epsilon = report_bits, report_epsilon
+        self.uploads = np.zeros(num_users, np.int64)  # per user: uploads received
+
+    @classmethod
+    def from_privacy(cls, num_users: int, privacy, num_items: int) -> "LDPAccountant":
+        """The accountant of a run's `privacy` section (the popularity report has one bit per catalogue item)."""
+        report_bits = num_items if privacy.pseudo_sampler == "popularity" else 0
+        return cls(num_users, privacy.clip_delta, privacy.noise_lambda, privacy.delta, privacy.ldp, report_bits,
+                   privacy.popularity_epsilon)
+
+    def record_upload(self, user: int) -> None:
+        """One upload of `user` reached the server (accepted or not: it was sent, so it was spent)."""
+        self.uploads[user] += 1
+
+    def upload_counts(self, users: list[int]) -> dict[str, float]:
+        """How often `users` uploaded: max, median, and the run's total."""
+        counts = self.uploads[users] if users else np.zeros(1, np.int64)
+        return {"max": int(counts.max()), "median": float(np.median(counts)), "total": int(self.uploads.sum())}
+
+    def budget(self, coordinates: dict[int, int]) -> dict | None:
+        """The budget spent so far by the users of `coordinates` (user -> values its upload carries), per
+        coordinate, per upload and per user over the run (`budget`); None without LDP or users."""
+        if not self.ldp or not coordinates:
+            return None
+        users = sorted(coordinates)
+        return budget(self.clip_delta, self.noise_lambda, np.array([coordinates[u] for u in users], np.int64),
+                      self.uploads[users], self.delta, self.report_bits, self.report_epsilon)
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the ledger."""
+        return {"uploads": self.uploads.tolist()}
+
+    def restore(self, state: dict) -> None:
+        """Continue from a checkpoint's ledger; ValueError if it is another run's (another number of users)."""
+        uploads = np.asarray(state["uploads"], np.int64)
+        if uploads.shape != self.uploads.shape:
+            raise ValueError(f"checkpoint holds upload counts of {uploads.size} users, this run has {self.uploads.size}")
+        self.uploads = uploads

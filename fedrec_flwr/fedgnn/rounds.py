@@ -1,13 +1,13 @@
 """One FedGNN run's rounds, independent of how messages travel.
 
-The Flower strategy (`strategies.fedgnn`), the in-process runner (`benchmarks.direct`) and the test
+The Flower strategy (`strategies.fedgnn`), the in-process runner (`fedrec_flwr.inprocess`) and the test
 harness (`tests.inprocess`) are transports over this core, so every round step has exactly one
 implementation:
 
 0. popularity (round 0, popularity-matched sampler only): each user sends an LDP report of its items;
    the server checks and sums them and publishes the estimated item counts at registration;
 1. register: each node's users send their anonymity sets; a node may speak only for users it is
-   entitled to (`UserRegistry`);
+   entitled to (`NodeBindings`);
 2. train: sample users (seeded, by user id), build each node's download (model weights plus the
    item rows of its sampled users' sets), then split each node's reply per user, check that the
    node hosts the user, validate shapes, ids, dtype and bounds, merge what is accepted, apply the
@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from fedrec_flwr.config import ExpansionConfig, FederationConfig, MergeConfig, PrivacyConfig
-from fedrec_flwr.data.partition import public_scale
+from fedrec_flwr.data import public_scale
 from fedrec_flwr.data.types import RatingScale
-from fedrec_flwr.fedgnn.accounting import budget, epsilon_per_coordinate
+from fedrec_flwr.fedgnn.accounting import LDPAccountant, epsilon_per_coordinate
+from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_POPULARITY,
@@ -50,7 +51,6 @@ from fedrec_flwr.fedgnn.protocol import (
     model_gradients,
     split_users,
 )
-from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.server import (
     FedGNNServer,
     TrainUpdate,
@@ -63,7 +63,7 @@ from fedrec_flwr.messages import NodeReply, UploadRejected
 from fedrec_flwr.metrics import ErrorSums
 from fedrec_flwr.models.rating_gnn import row_width
 from fedrec_flwr.privacy.popularity import check_report
-from fedrec_flwr.results import RunRecorder, report_round
+from fedrec_flwr.results import RunRecorder, report_failure, report_final, report_round
 
 if TYPE_CHECKING:
     from fedrec_flwr.config import AppConfig
@@ -81,12 +81,12 @@ def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: in
 class FedGNNRounds:
     """Registration, training and evaluation rounds of one FedGNN run over a `FedGNNServer`."""
 
-    def __init__(self, server: FedGNNServer, registry: UserRegistry, rating_span: float, *,
+    def __init__(self, server: FedGNNServer, bindings: NodeBindings, rating_span: float, *,
                  federation: FederationConfig, privacy: PrivacyConfig, merge: MergeConfig,
                  expansion: ExpansionConfig, dim: int, seed: int, recorder: RunRecorder | None = None,
                  public_scale: RatingScale | None = None, test_ratings: int | None = None,
                  baselines: Callable[[list[int]], tuple[dict[str, float], int]] | None = None):
-        self.server, self.registry, self.recorder = server, registry, recorder
+        self.server, self.bindings, self.recorder = server, bindings, recorder
         # the split's test ratings (a public count; None: unknown), reported beside the ones scored, and
         # `baselines(users)`: the split's baseline RMSEs on the test ratings of `users` and how many ratings
         # that is (`baselines.baselines_on_users`; simulation only, where the server holds the data)
@@ -99,26 +99,26 @@ class FedGNNRounds:
         self.rating_span = rating_span
         # the dataset's own scale: reported RMSE and MAE are mapped back onto it (None: 1-5, no map)
         self.public_scale = public_scale
-        self.schedule = round_schedule(federation, expansion, registry.num_users)
+        self.schedule = round_schedule(federation, expansion, bindings.num_users)
         self.train_rounds_done = 0
         self.rounds_not_applied = 0  # training rounds with fewer than min_clients accepted uploads
         self.scored_users: list[int] = []  # users of the accepted replies of the latest evaluation
         self.reported_by: dict[int, int] = {}  # user -> the node its popularity report came from (round 0)
         self.rejections: list[tuple[int, str]] = []
         self.eval_rejections = 0
-        self.uploads = np.zeros(registry.num_users, np.int64)  # per user: uploads received (budget spent)
+        self.accountant = LDPAccountant.from_privacy(bindings.num_users, privacy, server.num_items)
         self.final: dict[str, float] = {}
         self._eval_plan: dict[int, list[int]] = {}
         self._train_plan: tuple[int, dict[int, set[int]]] = (0, {})  # (logical round, node -> its sampled users)
 
     @classmethod
-    def from_config(cls, cfg: AppConfig, server: FedGNNServer, registry: UserRegistry, rating_span: float,
+    def from_config(cls, cfg: AppConfig, server: FedGNNServer, bindings: NodeBindings, rating_span: float,
                     recorder: RunRecorder | None = None, test_ratings: int | None = None,
                     baselines: Callable[[list[int]], tuple[dict[str, float], int]] | None = None) -> FedGNNRounds:
         """The round core of one run: its federation, privacy, merge and expansion sections, row width and seed,
         and the public rating scale of its dataset (`data.partition.public_scale`: no ratings read), on which
         it reports metrics. `test_ratings` and `baselines`: see `__init__`."""
-        return cls(server, registry, rating_span, federation=cfg.federation, privacy=cfg.privacy, merge=cfg.merge,
+        return cls(server, bindings, rating_span, federation=cfg.federation, privacy=cfg.privacy, merge=cfg.merge,
                    expansion=cfg.expansion, dim=row_width(cfg.model), seed=cfg.seed, recorder=recorder,
                    public_scale=public_scale(cfg.data), test_ratings=test_ratings, baselines=baselines)
 
@@ -158,8 +158,8 @@ class FedGNNRounds:
         total = np.zeros(self.server.num_items, np.int64)  # a running sum: reports are not kept
         for reply in replies:
             try:
-                parts = split_users(reply.arrays, 1, self.registry.claim_limit(reply.node_id))
-                self.registry.check_claim(reply.node_id, [u for u, _ in parts])
+                parts = split_users(reply.arrays, 1, self.bindings.claim_limit(reply.node_id))
+                self.bindings.check_claim(reply.node_id, [u for u, _ in parts])
                 checked = [(u, check_report(a[0], self.server.num_items)) for u, a in parts]
             except (UploadRejected, ValueError) as exc:
                 self.reject(logical_round, f"node {reply.node_id}: popularity report refused: {exc}")
@@ -183,8 +183,8 @@ class FedGNNRounds:
         for reply in replies:
             try:
                 claimed = validate_registration(reply.arrays, self.server.num_items, min_rows,
-                                                self.registry.claim_limit(reply.node_id))
-                self.registry.check_claim(reply.node_id, [u for u, _ in claimed])
+                                                self.bindings.claim_limit(reply.node_id))
+                self.bindings.check_claim(reply.node_id, [u for u, _ in claimed])
                 for u, _ in claimed:
                     if self.reported_by.get(u, reply.node_id) != reply.node_id:
                         raise UploadRejected(f"user {u} sent its popularity report from another node")
@@ -193,9 +193,9 @@ class FedGNNRounds:
                 continue
             for user, ids in claimed:
                 self.server.register(user, ids)
-            self.registry.bind(reply.node_id, [u for u, _ in claimed])
+            self.bindings.bind(reply.node_id, [u for u, _ in claimed])
         record = {"round": logical_round, "phase": PHASE_REGISTER, "clients": len(replies),
-                  "accepted": len(self.server.registry), "nodes": len(self.registry.nodes),
+                  "accepted": len(self.server.anonymity_sets), "nodes": len(self.bindings.nodes),
                   "rejected": self.rejected_in(logical_round), "bytes_down": 0.0, "bytes_up": 0.0,
                   "round_seconds": time.time() - started}
         self.record(record)
@@ -204,9 +204,9 @@ class FedGNNRounds:
     # -- training --------------------------------------------------------------------
     def plan_train(self, logical_round: int, connected: set[int]) -> dict[int, list[int]]:
         """The round's sampled users, grouped by the node hosting them."""
-        chosen = sample_users(self.seed, logical_round, self.registry.live_users(connected),
+        chosen = sample_users(self.seed, logical_round, self.bindings.live_users(connected),
                               self.federation.clients_per_round)
-        plan = self.registry.by_node(chosen)
+        plan = self.bindings.by_node(chosen)
         self._train_plan = (logical_round, {node: set(users) for node, users in plan.items()})
         return plan
 
@@ -218,19 +218,19 @@ class FedGNNRounds:
     def validate_reply(self, logical_round: int, reply: NodeReply) -> tuple[list[TrainUpdate], int]:
         """(accepted user parts, users the reply names) of one node's training reply; refusals are counted."""
         try:
-            parts = split_users(reply.arrays, TRAIN_FIELDS, len(self.registry.users_of(reply.node_id)))
+            parts = split_users(reply.arrays, TRAIN_FIELDS, len(self.bindings.users_of(reply.node_id)))
         except UploadRejected as exc:
             self.reject(logical_round, f"node {reply.node_id}: {exc}")
             return [], 0
         accepted = []
         for user, arrays in parts:
             try:
-                if not self.registry.hosts(reply.node_id, user):
+                if not self.bindings.hosts(reply.node_id, user):
                     raise UploadRejected(f"user {user} is not hosted by this node")
                 planned_round, plan = self._train_plan
                 if planned_round != logical_round or user not in plan.get(reply.node_id, ()):
                     raise UploadRejected(f"user {user} was not sampled in round {logical_round}")
-                self.uploads[user] += 1
+                self.accountant.record_upload(user)
                 flat, ids, rows = arrays
                 update = self.server.validate(user, [*model_gradients(flat, self.server.model_shapes), ids, rows])
                 check_upload_bounds(self.privacy, self.merge, [*update.grads, update.rows])
@@ -276,8 +276,8 @@ class FedGNNRounds:
 
     def plan_eval(self, connected: set[int]) -> dict[int, list[int]]:
         """The evaluating users (all, or a fixed seeded sample), grouped by node."""
-        users = eval_users(self.seed, self.registry.live_users(connected), self.federation.eval_fraction)
-        self._eval_plan = self.registry.by_node(users)
+        users = eval_users(self.seed, self.bindings.live_users(connected), self.federation.eval_fraction)
+        self._eval_plan = self.bindings.by_node(users)
         return self._eval_plan
 
     def check_eval_reply(self, reply: NodeReply) -> ErrorSums:
@@ -293,7 +293,7 @@ class FedGNNRounds:
         if isinstance(n_raw, bool) or not isinstance(n_raw, (int, np.integer)) or n_raw < 0:
             raise UploadRejected(f"evaluation n = {n_raw!r}; expected a non-negative integer")
         n = int(n_raw)
-        most = sum(self.server.registry[u].size for u in users)  # test items lie inside each anonymity set
+        most = sum(self.server.anonymity_sets[u].size for u in users)  # test items lie inside each anonymity set
         if n > most:
             raise UploadRejected(f"evaluation n = {n} exceeds the {most} items the node's users registered")
         if not (math.isfinite(sse) and math.isfinite(sae)) or sse < 0 or sae < 0:
@@ -337,24 +337,15 @@ class FedGNNRounds:
 
     # -- end of run and checkpoints --------------------------------------------------
     def upload_counts(self) -> dict[str, float]:
-        """How often users uploaded: max, median over registered users, and the total."""
-        registered = sorted(self.server.registry)
-        counts = self.uploads[registered] if registered else np.zeros(1, np.int64)
-        return {"max": int(counts.max()), "median": float(np.median(counts)), "total": int(self.uploads.sum())}
+        """How often the registered users uploaded: max, median, and the total."""
+        return self.accountant.upload_counts(sorted(self.server.anonymity_sets))
 
     def privacy_budget(self) -> dict | None:
-        """The accounted LDP budget of the run so far (fedgnn.accounting), or None without LDP.
+        """The accounted LDP budget of the run so far (`LDPAccountant.budget`), or None without LDP.
 
         An upload's coordinates: the model's, plus one row of `row_width` (b_i included) per item of the set."""
-        p = self.privacy
-        users = sorted(self.server.registry)
-        if not p.ldp or not users:
-            return None
         model = sum(int(np.prod(s)) for s in self.server.model_shapes)
-        coordinates = np.array([model + self.server.registry[u].size * self.dim for u in users], np.int64)
-        report_bits = self.server.num_items if p.pseudo_sampler == "popularity" else 0
-        return budget(p.clip_delta, p.noise_lambda, coordinates, self.uploads[users], p.delta, report_bits,
-                      p.popularity_epsilon)
+        return self.accountant.budget({u: model + ids.size * self.dim for u, ids in self.server.anonymity_sets.items()})
 
     def failure(self) -> str | None:
         """Why the run must not report a result, or None: no training round was applied (every one had fewer
@@ -374,8 +365,7 @@ class FedGNNRounds:
             return
         why = self.failure()
         if why is not None:
-            path = self.recorder.fail(why)
-            print(f"[fedgnn] FAILED: {why} (results: {path})", flush=True)
+            report_failure("fedgnn", why, self.recorder.fail(why))
             return
         extra = {"rejections": [{"round": r, "reason": why} for r, why in self.rejections],
                  "eval_rejected": self.eval_rejections, "uploads_per_user": self.upload_counts(),
@@ -391,7 +381,7 @@ class FedGNNRounds:
             "mean_bytes_down": float(np.mean([h["bytes_down"] for h in train])) if train else 0.0,
             "rejected": len(self.rejections),
         }
-        print(f"[fedgnn] FINAL {summary} results: {path}", flush=True)
+        report_final("fedgnn", summary, path)
 
     def checkpoint_state(self, logical_round: int) -> dict:
         """Everything a resumed run needs besides the users' own state."""
@@ -399,7 +389,7 @@ class FedGNNRounds:
         return {**self.server.state(), "logical_round": logical_round, "train_rounds_done": self.train_rounds_done,
                 "rounds_not_applied": self.rounds_not_applied,
                 "history": history, "rejections": [list(r) for r in self.rejections],
-                "uploads": self.uploads.tolist(), "eval_rejected": self.eval_rejections}
+                **self.accountant.state(), "eval_rejected": self.eval_rejections}
 
     def restore(self, state: dict) -> int:
         """Continue from a checkpoint's state; returns the logical round it was written after."""
@@ -408,10 +398,7 @@ class FedGNNRounds:
         self.rounds_not_applied = int(state["rounds_not_applied"])
         self.rejections = [(int(r), str(why)) for r, why in state["rejections"]]
         self.eval_rejections = int(state["eval_rejected"])
-        uploads = np.asarray(state["uploads"], np.int64)
-        if uploads.shape != self.uploads.shape:
-            raise ValueError(f"checkpoint holds upload counts of {uploads.size} users, this run has {self.uploads.size}")
-        self.uploads = uploads
+        self.accountant.restore(state)
         done = int(state["logical_round"])
         if self.recorder is not None:
             self.recorder.restore_history(list(state["history"]), resumed_from=done)

@@ -187,7 +187,7 @@ class TrainUpdate:
 
 
 class FedGNNServer:
-    """What the recommendation server holds and does: model, item table, optimisers, registry."""
+    """What the recommendation server holds and does: model, item table, optimisers, the users' anonymity sets."""
 
     def __init__(self, num_items: int, bias_init: float, *, model: ModelConfig, server_opt: ServerOptConfig,
                  merge: MergeConfig, privacy: PrivacyConfig, seed: int, device: torch.device | None = None,
@@ -215,7 +215,7 @@ class FedGNNServer:
         # ExponentialLR decays each group's current rate in place, so the optimiser state in a checkpoint carries it
         self.lr_schedules = [torch.optim.lr_scheduler.ExponentialLR(opt, so.lr_decay) for opt in (self.model_opt, self.item_opt)]
         self.model_shapes = [tuple(p.shape) for p in params]
-        self.registry: dict[int, np.ndarray] = {}  # user id -> its anonymity set (int32 to halve memory)
+        self.anonymity_sets: dict[int, np.ndarray] = {}  # user id -> its anonymity set (int32 to halve memory)
         # popularity-matched sampler: the item counts estimated from the users' LDP reports, published at registration
         self.popularity: np.ndarray | None = None
 
@@ -233,7 +233,7 @@ class FedGNNServer:
 
     def rows_for(self, user: int) -> np.ndarray:
         """Global embeddings of the user's anonymity set, in ascending id order."""
-        ids = torch.from_numpy(self.registry[user].astype(np.int64)).to(self.device)
+        ids = torch.from_numpy(self.anonymity_sets[user].astype(np.int64)).to(self.device)
         return self.items.detach()[ids].cpu().numpy()
 
     def min_rows(self) -> int:
@@ -256,11 +256,11 @@ class FedGNNServer:
     # -- what comes in ---------------------------------------------------------------
     def register(self, user: int, ids: np.ndarray) -> None:
         """Record a user's anonymity set after checking it."""
-        self.registry[user] = check_anonymity_set(ids, self.num_items, self.min_rows()).astype(np.int32)
+        self.anonymity_sets[user] = check_anonymity_set(ids, self.num_items, self.min_rows()).astype(np.int32)
 
     def validate(self, user: int, arrays: list[np.ndarray]) -> TrainUpdate:
         """One user's upload checked against the model shapes and its registered set."""
-        registered = self.registry.get(user)
+        registered = self.anonymity_sets.get(user)
         if registered is None:
             raise UploadRejected(f"user {user} is not registered")
         grads, ids, rows = validate_upload(arrays, self.model_shapes, self.dim, self.num_items,

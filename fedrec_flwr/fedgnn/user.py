@@ -39,7 +39,7 @@ from fedrec_flwr.privacy.popularity import (
 
 
 @dataclass(frozen=True)
-class DeviceConfig:
+class DeviceSections:
     """What a FedGNN device reads of a run's config: the model, local training and privacy sections, the
     run seed, and the CA file that the neighbour service's certificate must chain to."""
 
@@ -50,7 +50,7 @@ class DeviceConfig:
     ca_file: str = ""
 
     @classmethod
-    def from_config(cls, cfg: AppConfig) -> "DeviceConfig":
+    def from_config(cls, cfg: AppConfig) -> "DeviceSections":
         """The device's sections of a whole AppConfig."""
         return cls(cfg.model, cfg.local, cfg.privacy, cfg.seed, cfg.expansion.ca_file)
 
@@ -97,12 +97,12 @@ def own_items(data: UserData) -> np.ndarray:
     return np.union1d(data.train_items, data.test_items)
 
 
-def popularity_report(cfg: DeviceConfig, meta: PartitionMeta, data: UserData) -> np.ndarray:
+def popularity_report(cfg: DeviceSections, meta: PartitionMeta, data: UserData) -> np.ndarray:
     """The user's LDP report of its items (popularity-matched sampler), drawn from its own stream (seed, user, 2)."""
     return oue_report(user_rng(cfg.seed, data.user, 2), own_items(data), meta.num_items, cfg.privacy.popularity_epsilon)
 
 
-def init_user_state(cfg: DeviceConfig, meta: PartitionMeta, data: UserData, popularity: np.ndarray | None = None) -> UserState:
+def init_user_state(cfg: DeviceSections, meta: PartitionMeta, data: UserData, popularity: np.ndarray | None = None) -> UserState:
     """Draw the user's embedding and its fixed pseudo items (once, on the device), and start its private offset.
 
     `popularity`: the item counts the server published, required by the popularity-matched sampler.
@@ -170,7 +170,7 @@ class LocalStep(NamedTuple):
 
 
 def local_gradients(
-    cfg: DeviceConfig,
+    cfg: DeviceSections,
     model: RatingGNN,
     state: UserState,
     data: UserData,
@@ -259,7 +259,7 @@ def _features_of(data: UserData, items: np.ndarray, device: torch.device) -> tor
 
 
 def build_upload(
-    cfg: DeviceConfig, state: UserState, data: UserData, model_grads: list[np.ndarray], real_rows: np.ndarray, rng: np.random.Generator
+    cfg: DeviceSections, state: UserState, data: UserData, model_grads: list[np.ndarray], real_rows: np.ndarray, rng: np.random.Generator
 ) -> list[np.ndarray]:
     """[*model grads, ids, rows]: real rows and pseudo rows merged by id, then LDP on everything."""
     rows = np.empty((state.anonymity_ids.size, real_rows.shape[1]), np.float32)
@@ -301,7 +301,7 @@ def evaluate_user(
 class FedGNNUser:
     """One user's device logic. `store` persists its UserState between rounds (the device's own state)."""
 
-    def __init__(self, cfg: DeviceConfig, meta: PartitionMeta, data: UserData, store, device: torch.device | None = None,
+    def __init__(self, cfg: DeviceSections, meta: PartitionMeta, data: UserData, store, device: torch.device | None = None,
                  model: RatingGNN | None = None):
         self.cfg, self.meta, self.data, self.store = cfg, meta, data, store
         self.device = device or torch.device("cpu")

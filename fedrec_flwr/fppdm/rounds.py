@@ -16,7 +16,7 @@ exactly one implementation:
 Rejected messages are logged, counted and never averaged in. Under Paillier the server sees no
 value, so only ids, shapes and the public key can be checked here.
 
-The core reads only its sections: `fppdm.model` (dim, gaussian), `fppdm.server`, `fppdm.secure`
+Message layouts: `fedrec_flwr.fppdm.protocol`. The core reads only its sections: `fppdm.model` (dim, gaussian), `fppdm.server`, `fppdm.secure`
 and `federation`; `FPPDMRounds.from_config` picks them (and the node list) out of a run's config.
 """
 
@@ -31,11 +31,12 @@ import numpy as np
 
 from fedrec_flwr.config import FederationConfig, FPPDMModelConfig, FPPDMServerConfig, SecureAggregationConfig
 from fedrec_flwr.fppdm.barycenter import UserGaussians, user_barycenters
+from fedrec_flwr.fppdm.protocol import frame_ciphertexts, frame_gaussians, split_encrypted_upload, split_gaussians
 from fedrec_flwr.fppdm.secure_barycenter import per_user_ciphertexts, sum_encrypted
 from fedrec_flwr.messages import NodeReply, UploadRejected, array_bytes
 from fedrec_flwr.node_list import load_node_list
 from fedrec_flwr.privacy.paillier_pack import FixedPointPacker, ciphertexts_to_array
-from fedrec_flwr.results import RunRecorder, report_round
+from fedrec_flwr.results import RunRecorder, report_failure, report_final, report_round
 
 if TYPE_CHECKING:
     from fedrec_flwr.config import AppConfig
@@ -73,9 +74,7 @@ def validate_distributions(arrays: list[np.ndarray], num_users: int, dim: int, *
     mu and sigma must be finite floats of shape [users, dim] with |mu| <= max_abs_mu; sigma is a
     standard deviation, 0 < sigma <= max_sigma, or exactly 0 for point embeddings (gaussian=False).
     """
-    if len(arrays) != 3:
-        raise UploadRejected(f"expected 3 arrays (user ids, mu, sigma), got {len(arrays)}")
-    ids, mu, sigma = (np.asarray(a) for a in arrays)
+    ids, mu, sigma = split_gaussians(arrays)
     _check_ids(ids, num_users)
     for name, a in (("mu", mu), ("sigma", sigma)):
         if a.shape != (ids.size, dim):
@@ -95,9 +94,7 @@ def validate_distributions(arrays: list[np.ndarray], num_users: int, dim: int, *
 
 def validate_encrypted(arrays: list[np.ndarray], num_users: int, per_user: int, key_bits: int) -> EncryptedUpload:
     """An encrypted domain upload [user ids, ciphertexts, public n] as `EncryptedUpload`, or UploadRejected."""
-    if len(arrays) != 3:
-        raise UploadRejected(f"expected 3 arrays (user ids, ciphertexts, public key), got {len(arrays)}")
-    ids, cts, n = (np.asarray(a) for a in arrays)
+    ids, cts, n = split_encrypted_upload(arrays)
     _check_ids(ids, num_users)
     if cts.dtype != np.uint8 or cts.shape != (ids.size * per_user, 2 * key_bits // 8):
         raise UploadRejected(f"ciphertexts have shape {cts.shape}, expected {(ids.size * per_user, 2 * key_bits // 8)} uint8")
@@ -167,7 +164,7 @@ class FPPDMRounds:
         known = (pos < glob.ids.size) & (glob.ids[np.minimum(pos, glob.ids.size - 1)] == users)
         if not known.all():  # users of a domain whose latest upload was refused: only those with a barycenter
             users, pos = users[known], pos[known]
-        return [users, glob.mu[pos], glob.sigma[pos]]
+        return frame_gaussians(users, glob.mu[pos], glob.sigma[pos])
 
     # -- training --------------------------------------------------------------------
     def validate_reply(self, server_round: int, reply: NodeReply) -> UserGaussians | EncryptedUpload | None:
@@ -233,8 +230,8 @@ class FPPDMRounds:
             if not all(u in sums for u in ids.tolist()):  # a domain whose latest upload was refused
                 ids = np.asarray([u for u in ids.tolist() if u in sums], np.int64)
             cts = [c for u in ids.tolist() for c in sums[u]]
-            self.encrypted_replies[node_id] = [ids, ciphertexts_to_array(cts, self.secure.key_bits),
-                                               np.array([counts[u] for u in ids.tolist()], np.int64)]
+            self.encrypted_replies[node_id] = frame_ciphertexts(ids, ciphertexts_to_array(cts, self.secure.key_bits),
+                                                                np.array([counts[u] for u in ids.tolist()], np.int64))
         return True
 
     # -- evaluation ------------------------------------------------------------------
@@ -309,9 +306,8 @@ class FPPDMRounds:
             return
         why = self.failure()
         if why is not None:
-            path = self.recorder.fail(why)
-            print(f"[fppdm] FAILED: {why} (results: {path})", flush=True)
+            report_failure("fppdm", why, self.recorder.fail(why))
             return
         self.recorder.finish(self.final, {"rejections": [{"round": r, "reason": w} for r, w in self.rejections],
                                           "rounds_not_applied": self.rounds_not_applied})
-        print(f"[fppdm] FINAL {self.final}", flush=True)
+        report_final("fppdm", self.final, self.recorder.output_dir / "results.json")

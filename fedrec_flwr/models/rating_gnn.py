@@ -51,8 +51,7 @@ class RatingGNN(nn.Module):
     the embeddings already take: the user's stays on its device, the item's moves with the item
     row (pseudo rows and LDP included), and v, w are model weights like any other. Their
     gradient on an item row points along w for every rater, so it adds up across users where
-    the dot product's (along h_u, different per user) does not. Under LDP this gains 0.003-0.01
-    RMSE on ML-100K (BENCHMARKS.md), not a step change.
+    the dot product's (along h_u, different per user) does not.
 
     With `row_bias` (model.item_bias) every item row has width dim + 1: its first dim columns are
     the item's embedding, the last one a free scalar bias b_i added to the item's predictions. The

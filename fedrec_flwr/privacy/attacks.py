@@ -31,10 +31,13 @@ from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.fedgnn.user import (
-    DeviceConfig,
+    DeviceSections,
+    FedGNNUser,
+    MemoryStore,
     build_upload,
     init_user_state,
     local_gradients,
+    own_items,
     popularity_report,
 )
 from fedrec_flwr.models.rating_gnn import RatingGNN, build_model, row_width
@@ -83,7 +86,7 @@ def user_steps(cfg: AppConfig, users: int) -> Iterator[UserStep]:
     meta = parts.meta
     torch.manual_seed(cfg.seed)  # model initialisation and dropout: the same numbers on every run
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
-    device_cfg = DeviceConfig.from_config(cfg)
+    device_cfg = DeviceSections.from_config(cfg)
     popularity = None
     if cfg.privacy.pseudo_sampler == "popularity":  # the counts every user's report adds up to, as round 0 publishes them
         reports = [popularity_report(device_cfg, meta, parts.user(u)) for u in range(meta.num_users)]
@@ -119,7 +122,7 @@ def within_upload_auc(cfg: AppConfig, users: int, mode: str) -> np.ndarray:
             up = np.zeros((step.state.anonymity_ids.size, row_width(cfg.model)), np.float32)
             up[step.is_real] = step.real_rows
         else:
-            up = build_upload(DeviceConfig.from_config(cfg), step.state, step.data, step.grads, step.real_rows, step.rng)[-1]
+            up = build_upload(DeviceSections.from_config(cfg), step.state, step.data, step.grads, step.real_rows, step.rng)[-1]
         feats = row_features(up)
         aucs.append([separation_auc(feats[:, j], step.is_real) for j in range(feats.shape[1])])
     mean = np.mean(aucs, axis=0)
@@ -143,7 +146,7 @@ def model_gradient_auc(cfg: AppConfig, users: int) -> dict[str, float]:
     per_weight: dict[int, list[float]] = {}
     feature_map: list[float] = []
     for step in user_steps(cfg, users):
-        upload = build_upload(DeviceConfig.from_config(cfg), step.state, step.data, step.grads, step.real_rows, step.rng)
+        upload = build_upload(DeviceSections.from_config(cfg), step.state, step.data, step.grads, step.real_rows, step.rng)
         for i, p in enumerate(step.model.parameters()):
             if p.dim() < 2 or p.shape[-1] != d or p.shape[-2] != d:
                 continue
@@ -207,3 +210,34 @@ def popularity_attack(sets: dict[int, np.ndarray], own: dict[int, np.ndarray], s
         tops.append(float(is_real[order[:top]].mean()))
         bases.append(float(is_real.mean()))
     return PopularityAttack(float(np.mean(aucs)), float(np.mean(tops)), float(np.mean(bases)), len(aucs))
+
+
+def registration_popularity_attack(cfg: AppConfig) -> dict:
+    """Register every user of cfg's dataset through the round core (in-process, as a run does) and rank each
+    anonymity set the server then holds by (a) how many received sets hold each item, which it always knows,
+    and (b) the true training popularity, which a stronger server may have from public data: each attack's
+    mean per-user AUC (`popularity_attack`), with the users, items and mean set size."""
+    from fedrec_flwr.fedgnn.bindings import NodeBindings
+    from fedrec_flwr.fedgnn.rounds import FedGNNRounds
+    from fedrec_flwr.fedgnn.server import FedGNNServer
+    from fedrec_flwr.inprocess import register_users
+
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, num_item_features=meta.num_item_features)
+    rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1), meta.scale.high - meta.scale.low)
+    store = MemoryStore()
+    users = [u for u in range(meta.num_users) if parts.user(u).train_items.size]
+    device_cfg = DeviceSections.from_config(cfg)
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device model, shared in turn
+    register_users(rounds, users, lambda u: FedGNNUser(device_cfg, meta, parts.user(u), store, model=model))
+    own = {u: own_items(parts.user(u)) for u in users}
+    train_popularity = np.zeros(meta.num_items)
+    for u in users:
+        train_popularity[parts.user(u).train_items] += 1
+    sets = dict(server.anonymity_sets)
+    out = {"users": len(users), "items": meta.num_items, "mean_set_size": float(np.mean([s.size for s in sets.values()])),
+           "rejected": len(rounds.rejections)}
+    for name, scores in (("observed set counts", None), ("true training popularity", train_popularity)):
+        out[name] = popularity_attack(sets, own, scores)._asdict()
+    return out

@@ -1,28 +1,25 @@
-"""Drive FedGNN users and the server core in one process, without Flower or Ray.
+"""FedGNN's users and round core in one process, without Flower or Ray (`fedrec run --in-process`).
 
-Used for fast hyper-parameter sweeps and device (GPU) checks: the same user code and the same round
+Used by tests, hyper-parameter sweeps and device (GPU) checks: the same user code and the same round
 core as a `flwr run` (`fedrec_flwr.fedgnn.user`, `fedrec_flwr.fedgnn.rounds`), with messages passed
-as Python lists instead of over Flower. Imports neither flwr nor ray.
+as Python lists instead of over Flower, every user on a node of its own. Imports neither flwr nor ray.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Callable
 
 import numpy as np
 import torch
 
-from benchmarks.run import input_errors_exit
-from fedrec_flwr.config import load_config, parse_overrides
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.batched import train_users
+from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.protocol import frame_train_upload, frame_users, published_popularity, split_download
-from fedrec_flwr.fedgnn.registry import UserRegistry
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
-from fedrec_flwr.fedgnn.user import DeviceConfig, FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.results import RunFailed
@@ -37,7 +34,7 @@ def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int],
     rounds.register(1, [NodeReply(u, frame_users([u], [[user(u).register(popularity)]], 1)) for u in users], time.time())
 
 
-def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,
+def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,
                probe: Callable[[FedGNNServer, Callable[[np.ndarray | None], float]], dict] | None = None,
                tamper: Callable[[int, int, list[np.ndarray]], list[np.ndarray]] | None = None) -> dict:
     """Run cfg.federation.rounds FedGNN rounds in-process through the round core; returns metrics and timings.
@@ -48,14 +45,14 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
     `tamper(user, round, upload)`, if given, replaces each user's protected upload (poisoning benchmarks).
     """
     if cfg.expansion.mode != "none":
-        raise ValueError("benchmarks.direct drives training rounds only; run graph expansion through flwr run")
+        raise ValueError("the in-process runner drives training rounds only; run graph expansion through flwr run")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
-    rounds = FedGNNRounds.from_config(cfg, server, UserRegistry(meta.num_users, block_size=1), meta.scale.high - meta.scale.low,
+    rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1), meta.scale.high - meta.scale.low,
                                       test_ratings=meta.num_test)
     store = MemoryStore()
-    device_cfg = DeviceConfig.from_config(cfg)
+    device_cfg = DeviceSections.from_config(cfg)
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device-side model, shared by users in turn
 
     def user(u: int) -> FedGNNUser:
@@ -90,7 +87,7 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
                     return rounds.evaluate(rnd, replies, 0)["rmse"]
                 sse = n = 0.0
                 for u in users:
-                    s, _, k = user(u).evaluate(weights, table[server.registry[u]])
+                    s, _, k = user(u).evaluate(weights, table[server.anonymity_sets[u]])
                     sse, n = sse + s, n + k
                 return float(np.sqrt(sse / n)) * meta.dataset_scale.unit_factor  # devices report reference units
 
@@ -100,7 +97,7 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
             if probe is not None:
                 rec.update(probe(server, rmse))
             if log_every:
-                print(f"[direct] round {rec['round']} rmse {rec['rmse']:.4f} ({rec['round_seconds']:.2f}s/round)", flush=True)
+                print(f"[in-process] round {rec['round']} rmse {rec['rmse']:.4f} ({rec['round_seconds']:.2f}s/round)", flush=True)
         history.append(rec)
     why = rounds.failure()
     if why is not None:
@@ -111,28 +108,3 @@ def run_direct(cfg, device: torch.device | None = None, log_every: int = 5, serv
             "wall_seconds": time.time() - t_start, "uploads_per_user": rounds.upload_counts(),
             "rejected": sum(h["rejected"] for h in history), "rounds_not_applied": rounds.rounds_not_applied,
             "eval_ratings": rounds.final["eval_ratings"], "test_ratings": rounds.test_ratings, "history": history}
-
-
-def main() -> None:
-    """CLI: python -m benchmarks.direct --preset fedgnn_paper --dataset synthetic --set key=value ..."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--preset", default="fedgnn_paper")
-    ap.add_argument("--dataset", default="synthetic")
-    ap.add_argument("--data-dir", default="data")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--set", nargs="*", default=[])
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    with input_errors_exit():
-        overrides = [f"data.data_dir={args.data_dir}", *parse_overrides(" ".join(args.set))]
-        cfg = load_config(args.preset, args.dataset, overrides)
-        try:
-            out = run_direct(cfg, torch.device(args.device))
-        except RunFailed as exc:
-            raise SystemExit(f"error: run failed: {exc}") from None
-    out.pop("history")
-    print(out)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,6 @@
-"""Device placement and the GPU benchmark, checked without a GPU.
-
-What a CPU machine can check: which device a ClientApp is given (with CUDA reported present or
-absent), that the benchmark's numbers are those of its code and not of the moment (the same run
-twice gives the same RMSE and loss), how speed-ups are formed, and that the benchmark runs where
-flwr and ray are not installed (a GPU machine may lack both).
-"""
+"""The GPU benchmark (benchmarks/gpu_clients.py), checked without a GPU: its numbers are those of its code
+and not of the moment (the same run twice gives the same RMSE and loss), speed-ups are ratios against the
+CPU, and it runs where flwr and ray are not installed (a GPU machine may lack both)."""
 
 from __future__ import annotations
 
@@ -14,14 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from benchmarks import gpu_clients
-from fedrec_flwr.client_app import client_device
 from fedrec_flwr.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 BLOCK = "import sys; sys.modules['flwr'] = None; sys.modules['ray'] = None; import runpy; sys.argv = sys.argv[1:]; " \
         "runpy.run_module('benchmarks.gpu_clients', run_name='__main__')"
@@ -33,29 +27,6 @@ SMALL_FEDGNN = ["model.dim=16", "privacy.pseudo_items=50", "federation.clients_p
 
 def _cfg(*overrides: str):
     return load_config("fedgnn_paper", "synthetic", list(overrides))
-
-
-@pytest.mark.parametrize("overrides", [(), ("simulation.num_gpus=0.5",), ("simulation.device=cpu",)])
-def test_clients_stay_on_cpu_without_cuda(monkeypatch, overrides):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert client_device(_cfg(*overrides)) == torch.device("cpu")
-
-
-def test_asking_for_cuda_without_cuda_is_an_error(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(RuntimeError, match="simulation.device = 'cuda' but torch sees no CUDA device"):
-        client_device(_cfg("simulation.device=cuda"))
-
-
-@pytest.mark.parametrize("overrides, expected", [
-    (("simulation.device=cuda",), "cuda"),
-    (("simulation.num_gpus=0.25",), "cuda"),  # auto: a GPU share moves the models to CUDA
-    ((), "cpu"),  # auto without a GPU share: a visible GPU is not taken
-    (("simulation.device=cpu", "simulation.num_gpus=1"), "cpu"),  # an explicit cpu wins
-])
-def test_cuda_is_chosen_only_when_visible_and_asked_for(monkeypatch, overrides, expected):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # chosen, never run on
-    assert client_device(_cfg(*overrides)) == torch.device(expected)
 
 
 def test_an_absent_device_is_reported_as_skipped(monkeypatch):

@@ -3,9 +3,9 @@ tables are evaluated by the same users and code as the full one."""
 
 import numpy as np
 
-from benchmarks.direct import run_direct
 from benchmarks.item_spectrum import gavish_donoho_threshold, rank_cuts, spectrum_probe
 from fedrec_flwr.config import load_config
+from fedrec_flwr.inprocess import run_in_process
 
 
 def test_gavish_donoho_keeps_planted_components_and_drops_pure_noise():
@@ -38,7 +38,7 @@ def test_probe_at_full_rank_reproduces_the_run_rmse(tmp_path):
         f"data.cache_dir={tmp_path}", "data.synthetic.num_users=60", "data.synthetic.num_items=80", "model.dim=16",
         "privacy.pseudo_items=20", "federation.clients_per_round=16", "federation.rounds=4", "federation.eval_every=2",
     ])
-    out = run_direct(cfg, log_every=0, probe=spectrum_probe([1, 16]))
+    out = run_in_process(cfg, log_every=0, probe=spectrum_probe([1, 16]))
     evals = [h for h in out["history"] if "rmse" in h]
     assert [h["round"] for h in evals] == [2, 4]
     for h in evals:

@@ -1,18 +1,14 @@
-"""Benchmark driver: launch one real run (federated through `flwr run`, or centralized) and report.
+"""Launch one run: federated through `flwr run` (the simulated federation sized from the data), or the
+centralized reference; the `fedrec run` command (`fedrec_flwr.cli`) is its front end.
 
-    python -m benchmarks.run --preset fedgnn_paper --dataset ml-100k --data-dir DATA \
-        [--out DIR] [--centralized] [--seed 0] [--set key=value ...]
-
-DATA is the folder holding the datasets. The run's results.json and rounds.csv go to --out, by
-default outputs/<preset>-<dataset>-s<seed> (with -centralized appended for --centralized; the
-dataset is the preset's own when --dataset is not given). The last line printed is the final
-metrics as JSON.
+A run's results.json and rounds.csv go to its output folder, by default
+outputs/<preset>-<dataset>-s<seed> (with -centralized appended for the centralized reference). A run
+that fails (flwr's exit code, or the status its results.json records) raises SystemExit with the
+reason; an earlier run's results in the same folder are removed first, so they are never reported.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import shutil
@@ -20,11 +16,12 @@ import signal
 import subprocess
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.app_source import staged_app
 from fedrec_flwr.algorithms import get_algorithm
-from fedrec_flwr.config import ConfigError, load_config, parse_overrides
+from fedrec_flwr.app_source import staged_app
+from fedrec_flwr.config import ConfigError, load_config
 from fedrec_flwr.data import DataError
 from fedrec_flwr.results import load_results
 
@@ -93,14 +90,45 @@ def stream_flwr_run(cmd: list[str], env: dict[str, str]) -> int:
             proc.kill()
 
 
-def run_federated(args: argparse.Namespace, out: Path, overrides: list[str]) -> dict:
-    """Run the app through `flwr run` with one virtual SuperNode per user; returns results.json."""
-    cfg = load_config(args.preset, args.dataset, [f"data.data_dir={args.data_dir}", f"data.cache_dir={args.cache_dir}", *overrides])
+@dataclass(frozen=True)
+class RunRequest:
+    """What one run is asked for: preset, dataset ("" = the preset's own), seed, where the data and the cache
+    are, and the overrides (`key=value`)."""
+
+    preset: str
+    dataset: str = ""
+    seed: int = 0
+    data_dir: str = "data"
+    cache_dir: str = str(ROOT / ".cache" / "fedrec")
+    overrides: tuple[str, ...] = ()
+
+    def config(self, *extra: str):
+        """The run's validated AppConfig (data and cache folders, the overrides, then `extra`)."""
+        return load_config(self.preset, self.dataset or None, [f"data.data_dir={self.data_dir}",
+                                                               f"data.cache_dir={self.cache_dir}", *self.overrides, *extra])
+
+    def default_out(self, centralized: bool = False) -> Path:
+        """outputs/<preset>-<dataset>-s<seed>[-centralized] for this request (`default_out`)."""
+        dataset = self.dataset or load_config(self.preset, None, list(self.overrides)).data.name
+        return default_out(self.preset, dataset, self.seed, centralized)
+
+
+def run_centralized_reference(request: RunRequest, out: Path) -> dict:
+    """Train the centralized reference of `request` into `out`; returns its final metrics."""
+    from fedrec_flwr.centralized import run_centralized
+
+    return run_centralized(request.config(f"output_dir={out}", f"seed={request.seed}"))
+
+
+def run_federated(request: RunRequest, out: Path) -> dict:
+    """Run the app through `flwr run` with one virtual SuperNode per `simulation.users_per_node` users (one per
+    domain for FPPDM); returns results.json, or raises SystemExit with the reason when the run failed."""
+    cfg = request.config()
     num_nodes = get_algorithm(cfg.algorithm).part("nodes")(cfg)  # data prepared once here, read by every client
     run_config = " ".join([
-        f"preset='{args.preset}'", f"dataset='{args.dataset or ''}'", f"seed={args.seed}",
-        f"data-dir='{Path(args.data_dir).resolve()}'", f"cache-dir='{Path(args.cache_dir).resolve()}'",
-        f"output-dir='{out.resolve()}'", f"set='{' '.join(overrides)}'",
+        f"preset='{request.preset}'", f"dataset='{request.dataset}'", f"seed={request.seed}",
+        f"data-dir='{Path(request.data_dir).resolve()}'", f"cache-dir='{Path(request.cache_dir).resolve()}'",
+        f"output-dir='{out.resolve()}'", f"set='{' '.join(request.overrides)}'",
     ])
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
                FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
@@ -135,40 +163,3 @@ def input_errors_exit():
         message = " ".join(str(exc).split()) if isinstance(exc, ConfigError) else str(exc)
         print(f"error: {message}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Parse arguments, run, print the final metrics as the last line."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", default="fedgnn_paper")
-    ap.add_argument("--dataset", default="", help="registry name; default: the preset's own")
-    ap.add_argument("--data-dir", default="data")
-    ap.add_argument("--cache-dir", default=str(ROOT / ".cache" / "fedrec"))
-    ap.add_argument("--out", default="", help="output folder; default: outputs/<preset>-<dataset>-s<seed>")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--centralized", action="store_true", help="train the centralized reference instead")
-    ap.add_argument("--set", nargs="*", default=[], help="config overrides key=value")
-    args = ap.parse_args(argv)
-    with input_errors_exit():
-        overrides = parse_overrides(" ".join(args.set))
-        if args.out:
-            out = Path(args.out)
-        else:
-            dataset = args.dataset or load_config(args.preset, None, overrides).data.name
-            out = default_out(args.preset, dataset, args.seed, args.centralized)
-            print(f"output folder: {out}", flush=True)
-        if args.centralized:
-            from fedrec_flwr.centralized import run_centralized
-
-            cfg = load_config(args.preset, args.dataset, [
-                f"data.data_dir={args.data_dir}", f"data.cache_dir={args.cache_dir}", f"output_dir={out}",
-                f"seed={args.seed}", *overrides,
-            ])
-            final = run_centralized(cfg)
-        else:
-            final = run_federated(args, out, overrides)["final"]
-    print(json.dumps(final))
-
-
-if __name__ == "__main__":
-    main()

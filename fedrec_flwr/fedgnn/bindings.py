@@ -27,7 +27,7 @@ def listed(node_list: dict[int, frozenset[int]]) -> Callable[[int], Collection[i
     return lambda node_id: node_list.get(node_id, frozenset())
 
 
-class UserRegistry:
+class NodeBindings:
     """Node-user bindings of one run."""
 
     def __init__(self, num_users: int, entitled: Callable[[int], Collection[int] | None] | None = None,
@@ -99,13 +99,13 @@ class UserRegistry:
         return grouped
 
 
-def registry_for(num_users: int, deployment: DeploymentConfig, catalogue: str, users_per_node: int) -> UserRegistry:
-    """The registry a run calls for: the operator's node list (`deployment.node_list`), the simulation's
+def bindings_for(num_users: int, deployment: DeploymentConfig, catalogue: str, users_per_node: int) -> NodeBindings:
+    """The bindings a run calls for: the operator's node list (`deployment.node_list`), the simulation's
     partition blocks of `users_per_node` (`simulation.users_per_node`), or (a deployment without a node
     list, known by its `data.catalogue`) first claim wins, with a warning."""
     if deployment.node_list:
-        return UserRegistry(num_users, listed(load_node_list(deployment.node_list, num_users)))
+        return NodeBindings(num_users, listed(load_node_list(deployment.node_list, num_users)))
     if catalogue:
         log.warning("deployment without deployment.node_list: any SuperNode may register any unclaimed user")
-        return UserRegistry(num_users)
-    return UserRegistry(num_users, block_size=users_per_node)
+        return NodeBindings(num_users)
+    return NodeBindings(num_users, block_size=users_per_node)

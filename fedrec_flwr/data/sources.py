@@ -1,4 +1,4 @@
-"""The dataset registry: names -> files, rating scale and loader.
+"""The datasets this project knows (each a `DatasetSpec`): names -> files, rating scale and loader.
 
 Single-domain rating datasets feed FedGNN; multi-domain datasets (domains sharing user
 ids) feed FPPDM. A name resolves files under the data directory first, then under the

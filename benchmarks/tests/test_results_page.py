@@ -52,13 +52,24 @@ def test_every_headline_row_names_an_existing_json_and_selects_one_run_per_seed(
 # A headline number is one plain driver command: preset, dataset, the DATA placeholder, a seed; no
 # --out (the driver's default folder) and no --set (a dataset's settings live in conf/datasets/).
 HEADLINE_COMMAND = re.compile(
-    r"python -m benchmarks\.run --preset [a-z_]+ --dataset [a-z0-9:_-]+ --data-dir DATA( --centralized)?( --seed S)?")
+    r"fedrec run --preset [a-z_]+ --dataset [a-z0-9:_-]+ --data-dir DATA( --centralized)?( --seed S)?")
 
 
 def test_headline_commands_are_plain_driver_commands_with_the_data_placeholder():
     for row in headline.ROWS:
         cmd = headline.command(row)
         assert HEADLINE_COMMAND.fullmatch(cmd), cmd
+
+
+# fppdm_table.json records its runs' settings under the flat key names its runs were launched with; the
+# config's keys for them (a record's vocabulary, not config aliases: the config knows only its own names)
+FPPDM_RECORDED_AS = {
+    **{f"fppdm.{k}": f"fppdm.model.{k}" for k in ("dim", "layers", "gaussian", "shared_user_init")},
+    **{f"fppdm.{k}": f"fppdm.training.{k}" for k in ("lr", "batch_size", "local_epochs", "margin", "lambda_p")},
+    **{f"fppdm.{k}": f"fppdm.coclustering.{k}" for k in ("lambda_c", "clusters", "knn", "epsilon", "eta")},
+    **{f"fppdm.{k}": f"fppdm.evaluation.{k}" for k in ("negatives", "topk")},
+    **{f"fppdm.{k}": f"fppdm.server.{k}" for k in ("aggregate", "max_abs_mu", "max_sigma")},
+}
 
 
 def _fppdm_rows():
@@ -70,7 +81,7 @@ def test_fppdm_commands_without_set_run_the_settings_the_table_was_recorded_with
     is what the row's preset resolves to on that dataset, so the plain command reproduces the row."""
     import yaml
 
-    from fedrec_flwr.config import MOVED_KEYS, load_config
+    from fedrec_flwr.config import load_config
 
     recorded = headline.load("fppdm_table.json")["settings"]
     rows = _fppdm_rows()
@@ -81,7 +92,7 @@ def test_fppdm_commands_without_set_run_the_settings_the_table_was_recorded_with
         for item in recorded[dataset]:
             key, value = item.split("=", 1)
             got = cfg
-            for part in MOVED_KEYS.get(key, key).split("."):
+            for part in FPPDM_RECORDED_AS.get(key, key).split("."):
                 got = getattr(got, part)
             assert got == yaml.safe_load(value), (preset, dataset, item, got)
 
@@ -129,7 +140,7 @@ def test_fedgnn_headline_commands_run_the_settings_their_runs_were_recorded_with
     for row in (r for r in headline.ROWS if r.source in ("fedgnn_tuned.json", "fedgnn_features.json")):
         preset = row.command.split("--preset ")[1].split()[0]
         for run in headline.selected(row):
-            if "benchmarks.run" not in run["command"]:
+            if "benchmarks.run" not in run["command"] and "fedrec run" not in run["command"]:  # flwr runs only
                 continue
             args = shlex.split(run["command"])
             overrides = args[args.index("--set") + 1:] if "--set" in args else []

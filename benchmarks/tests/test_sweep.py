@@ -19,7 +19,7 @@ def _fake_runs(monkeypatch, calls: list, fail_at: int | None = None):
         out = Path(argv[argv.index("--out") + 1])
         rmse = 1.0 + 0.01 * int(argv[argv.index("--seed") + 1])
         (out / "results.json").write_text(json.dumps({"final": {"rmse": rmse}, "rounds": []}))
-    monkeypatch.setattr(sweep, "run_main", fake_run_main)
+    monkeypatch.setattr(sweep, "fedrec_run", fake_run_main)
 
 
 def _cells(seeds):
@@ -41,7 +41,7 @@ def test_interrupted_sweep_continues_without_rerunning_finished_cells(tmp_path, 
     assert len(calls) == 2 and all("1" == c[c.index("--seed") + 1] for c in calls)
     runs = json.loads(out.read_text())["runs"]
     assert sorted((r["mode"], r["seed"]) for r in runs) == [("fixed", 0), ("fixed", 1), ("none", 0), ("none", 1)]
-    assert all(r["command"].startswith("python -m benchmarks.run --preset fedgnn_paper") and "expansion.mode=" in r["command"]
+    assert all(r["command"].startswith("fedrec run --preset fedgnn_paper") and "expansion.mode=" in r["command"]
                for r in runs)
     text = table(doc)
     assert "| gat | 1.0050 ± 0.0071 [2] | - | 1.0050 ± 0.0071 [2] | +0.0000 |" in text

@@ -1,0 +1,161 @@
+"""`fedrec`: the product's command line.
+
+    fedrec run [--preset P] [--dataset D] [--data-dir DATA] [--out DIR] [--seed S] [--set key=value ...]
+               [--centralized | --in-process]
+    fedrec config [--preset P] [--dataset D] [--set key=value ...] [--explain]
+    fedrec baselines --dataset D [D ...] [--data-dir DATA]
+    fedrec summary [RUN_DIR]
+    fedrec plot [RUN_DIR ...] [--out DIR]
+
+`run` launches one run through `flwr run` (default), trains the centralized reference, or drives FedGNN's
+round core in this process without Flower (`--in-process`, for sweeps); it prints the summary and, as its
+last line, the final metrics as JSON. A run that fails exits non-zero with the reason as its last line;
+a bad flag, setting or data file prints one line naming it and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from fedrec_flwr.config import parse_overrides
+
+DEFAULT_PRESET = "quickstart"  # the embedded default: FedGNN with privacy on the synthetic data
+DEFAULT_DATA_DIR = "data"  # relative to the folder the command runs in (docs/datasets.md)
+
+
+def _add_run_selection(ap: argparse.ArgumentParser) -> None:
+    """--preset, --dataset and --set: what every command that resolves a config takes."""
+    ap.add_argument("--preset", default=DEFAULT_PRESET, help=f"conf/<preset>.yaml (default {DEFAULT_PRESET})")
+    ap.add_argument("--dataset", default="", help="dataset name (docs/datasets.md); default: the preset's own")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="fedrec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="one run: flwr run (default), --centralized or --in-process")
+    _add_run_selection(run)
+    run.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="folder holding the datasets (default: ./data)")
+    run.add_argument("--cache-dir", default="", help="partition cache (default: .cache/fedrec in the project)")
+    run.add_argument("--out", default="", help="output folder; default: outputs/<preset>-<dataset>-s<seed>")
+    run.add_argument("--seed", type=int, default=0)
+    how = run.add_mutually_exclusive_group()
+    how.add_argument("--centralized", action="store_true", help="train the centralized reference instead")
+    how.add_argument("--in-process", action="store_true", help="FedGNN's round core in this process, no Flower")
+    run.add_argument("--device", default="cpu", help="--in-process: torch device of the users (cpu, cuda)")
+
+    config = sub.add_parser("config", help="print the resolved config (--explain: where each value came from)")
+    _add_run_selection(config)
+    config.add_argument("--explain", action="store_true",
+                        help="every value that differs from the default, with the file or override it came from")
+
+    baselines = sub.add_parser("baselines", help="a rating split's global, user, item mean and bias-model RMSEs")
+    baselines.add_argument("--dataset", nargs="+", default=["synthetic"])
+    baselines.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
+
+    summary = sub.add_parser("summary", help="a finished run's summary from its results.json")
+    summary.add_argument("run_dir", nargs="?", default="outputs/latest")
+
+    plot = sub.add_parser("plot", help="PNG charts of one or more runs")
+    plot.add_argument("run_dirs", nargs="*", default=["outputs/latest"])
+    plot.add_argument("--out", default="", help="folder for the PNGs (default: <first run>/plots)")
+    return ap
+
+
+def _run(args: argparse.Namespace) -> None:
+    from fedrec_flwr.runner import ROOT, RunRequest, run_centralized_reference, run_federated
+
+    request = RunRequest(args.preset, args.dataset, args.seed, args.data_dir,
+                         args.cache_dir or str(ROOT / ".cache" / "fedrec"), tuple(parse_overrides(" ".join(args.set))))
+    if args.in_process:
+        final = _run_in_process(request, args.device)
+    else:
+        out = Path(args.out) if args.out else request.default_out(args.centralized)
+        print(f"output folder: {out}", flush=True)
+        if args.centralized:
+            final = run_centralized_reference(request, out)
+        else:
+            from fedrec_flwr.summary import summarize
+
+            final = run_federated(request, out)["final"]
+            print(summarize(str(out)), flush=True)
+    print(json.dumps(final))
+
+
+def _run_in_process(request, device: str) -> dict:
+    """The in-process run's final metrics and timings; SystemExit with the reason when it trained nothing."""
+    import torch
+
+    from fedrec_flwr.inprocess import run_in_process
+    from fedrec_flwr.results import RunFailed
+
+    torch.set_num_threads(1)
+    try:
+        out = run_in_process(request.config(f"seed={request.seed}"), torch.device(device))
+    except RunFailed as exc:
+        raise SystemExit(f"run failed: {exc}") from None
+    out.pop("history")
+    return out
+
+
+def _config(args: argparse.Namespace) -> None:
+    import yaml
+
+    from fedrec_flwr.config import explain_config, load_config, to_dict
+
+    overrides = parse_overrides(" ".join(args.set))
+    if args.explain:
+        rows = explain_config(args.preset, args.dataset or None, overrides)
+        width = max((len(key) for key, _, _ in rows), default=0)
+        for key, value, source in rows:
+            print(f"{key:{width}s}  {json.dumps(value)}  ({source})")
+        return
+    print(yaml.safe_dump(to_dict(load_config(args.preset, args.dataset or None, overrides)), sort_keys=False), end="")
+
+
+def _baselines(args: argparse.Namespace) -> None:
+    from fedrec_flwr.baselines import baseline_rmses
+    from fedrec_flwr.config import load_config
+    from fedrec_flwr.data import UserPartitions, prepare_partitions
+
+    print("| dataset | test ratings | global mean | user mean | item mean | bias model |")
+    print("|---|---|---|---|---|---|")
+    for name in args.dataset:
+        cfg = load_config("fedgnn_tuned", name, [f"data.data_dir={args.data_dir}"])
+        ds = UserPartitions(prepare_partitions(cfg.data)).ratings()
+        r = baseline_rmses(ds)
+        print(f"| {name} | {len(ds.test)} | {r['global_mean']:.4f} | {r['user_mean']:.4f} | {r['item_mean']:.4f} "
+              f"| {r['bias']:.4f} |")
+
+
+def _summary(args: argparse.Namespace) -> None:
+    from fedrec_flwr.summary import summarize
+
+    print(summarize(args.run_dir))
+
+
+def _plot(args: argparse.Namespace) -> None:
+    from fedrec_flwr.plot import plot_runs
+
+    for path in plot_runs(args.run_dirs, args.out or str(Path(args.run_dirs[0]) / "plots")):
+        print(path)
+
+
+COMMANDS = {"run": _run, "config": _config, "baselines": _baselines, "summary": _summary, "plot": _plot}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the command line and run the command; input errors print one line and exit 2."""
+    from fedrec_flwr.runner import input_errors_exit
+
+    args = _parser().parse_args(argv)
+    with input_errors_exit():
+        COMMANDS[args.command](args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
