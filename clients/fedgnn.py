@@ -26,6 +26,7 @@ from fedrec_flwr.fedgnn.protocol import (
     PHASE_REGISTER,
     PHASE_TRAIN,
     RoundConfig,
+    frame_registration,
     frame_train_upload,
     frame_users,
     published_popularity,
@@ -66,8 +67,8 @@ class FedGNNClient(NumPyClient):
         if rc.phase == PHASE_REGISTER:
             popularity = published_popularity(parameters, self.meta.num_items)
             users = [self._user(u) for u in self.user_ids]
-            sets = [[u.register(popularity)] for u in users]
-            return frame_users(self.user_ids, sets, 1), len(users), {"phase": rc.phase}
+            sets = [u.register(popularity) for u in users]
+            return frame_registration(self.user_ids, sets, [u.test_count for u in users]), len(users), {"phase": rc.phase}
         if rc.phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
             if rc.expansion is None:
                 raise ValueError(f"phase {rc.phase} without a neighbour-service link in the server config")

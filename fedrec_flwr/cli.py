@@ -1,7 +1,7 @@
 """`fedrec`: the product's command line.
 
-    fedrec run [--preset P] [--dataset D] [--data-dir DATA] [--out DIR] [--seed S] [--set key=value ...]
-               [--centralized | --in-process]
+    fedrec [--debug] run [--preset P] [--dataset D] [--data-dir DATA] [--out DIR] [--seed S] [--set key=value ...]
+               [--centralized | --in-process [--device DEV]]
     fedrec config [--preset P] [--dataset D] [--set key=value ...] [--explain]
     fedrec baselines --dataset D [D ...] [--data-dir DATA]
     fedrec summary [RUN_DIR]
@@ -9,8 +9,10 @@
 
 `run` launches one run through `flwr run` (default), trains the centralized reference, or drives FedGNN's
 round core in this process without Flower (`--in-process`, for sweeps); it prints the summary and, as its
-last line, the final metrics as JSON. A run that fails exits non-zero with the reason as its last line;
-a bad flag, setting or data file prints one line naming it and exits 2.
+last line, the final metrics as JSON. A run that fails exits 1 with the reason as its last line. A bad
+flag, setting, data file, folder, node list or results file prints one line naming it and what was
+expected, and exits 2. No error prints a traceback, unless `--debug` (before or after the command) is
+given: then errors are re-raised, and `flwr run`'s tracebacks are streamed too.
 """
 
 from __future__ import annotations
@@ -20,10 +22,22 @@ import json
 import sys
 from pathlib import Path
 
-from fedrec_flwr.config import parse_overrides
+from fedrec_flwr.config import ConfigError, parse_overrides
 
 DEFAULT_PRESET = "quickstart"  # the embedded default: FedGNN with privacy on the synthetic data
 DEFAULT_DATA_DIR = "data"  # relative to the folder the command runs in (docs/datasets.md)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors on one line (naming the command and the flag) and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
+def _add_debug(ap: argparse.ArgumentParser, default) -> None:
+    ap.add_argument("--debug", action="store_true", default=default,
+                    help="re-raise errors with their traceback, and stream flwr run's tracebacks")
 
 
 def _add_run_selection(ap: argparse.ArgumentParser) -> None:
@@ -34,7 +48,8 @@ def _add_run_selection(ap: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="fedrec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(prog="fedrec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_debug(ap, False)
     sub = ap.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="one run: flwr run (default), --centralized or --in-process")
@@ -46,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     how = run.add_mutually_exclusive_group()
     how.add_argument("--centralized", action="store_true", help="train the centralized reference instead")
     how.add_argument("--in-process", action="store_true", help="FedGNN's round core in this process, no Flower")
-    run.add_argument("--device", default="cpu", help="--in-process: torch device of the users (cpu, cuda)")
+    run.add_argument("--device", default="", help="--in-process only: torch device of the users (default cpu; cuda, cuda:1)")
 
     config = sub.add_parser("config", help="print the resolved config (--explain: where each value came from)")
     _add_run_selection(config)
@@ -63,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="PNG charts of one or more runs")
     plot.add_argument("run_dirs", nargs="*", default=["outputs/latest"])
     plot.add_argument("--out", default="", help="folder for the PNGs (default: <first run>/plots)")
+    for command in (run, config, baselines, summary, plot):  # `fedrec run --debug` works as `fedrec --debug run`
+        _add_debug(command, argparse.SUPPRESS)
     return ap
 
 
@@ -70,9 +87,19 @@ def _run(args: argparse.Namespace) -> None:
     from fedrec_flwr.runner import ROOT, RunRequest, run_centralized_reference, run_federated
 
     request = RunRequest(args.preset, args.dataset, args.seed, args.data_dir,
-                         args.cache_dir or str(ROOT / ".cache" / "fedrec"), tuple(parse_overrides(" ".join(args.set))))
+                         args.cache_dir or str(ROOT / ".cache" / "fedrec"), tuple(parse_overrides(" ".join(args.set))),
+                         debug=args.debug)
+    if args.device and not args.in_process:
+        raise ConfigError(f"--device {args.device!r} applies to --in-process runs only; expected it with --in-process "
+                          "(flwr runs place clients by simulation.device and simulation.num_gpus)")
+    if args.in_process or args.centralized:
+        cfg = request.config(f"seed={request.seed}")
+        if cfg.checkpoint.resume:
+            how = "--in-process" if args.in_process else "--centralized"
+            raise ConfigError(f"checkpoint.resume = true with {how}; expected it only for flwr runs ({how} runs keep "
+                              "no checkpoints, so the run would silently start afresh)")
     if args.in_process:
-        final = _run_in_process(request, args.device)
+        final = _run_in_process(request, _torch_device(args.device or "cpu"))
     else:
         out = Path(args.out) if args.out else request.default_out(args.centralized)
         print(f"output folder: {out}", flush=True)
@@ -86,7 +113,23 @@ def _run(args: argparse.Namespace) -> None:
     print(json.dumps(final))
 
 
-def _run_in_process(request, device: str) -> dict:
+def _torch_device(name: str):
+    """The torch device `--device` names; ConfigError unless torch knows it and it is there."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"--device {name!r}; expected a torch device such as cpu, cuda or cuda:1") from None
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        raise ConfigError(f"--device {name!r}: torch sees {torch.cuda.device_count()} CUDA device(s); expected a "
+                          "device that is present (or --device cpu)")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {name!r}; expected cpu or cuda (the in-process users run on one of them)")
+    return device
+
+
+def _run_in_process(request, device) -> dict:
     """The in-process run's final metrics and timings; SystemExit with the reason when it trained nothing."""
     import torch
 
@@ -95,7 +138,7 @@ def _run_in_process(request, device: str) -> dict:
 
     torch.set_num_threads(1)
     try:
-        out = run_in_process(request.config(f"seed={request.seed}"), torch.device(device))
+        out = run_in_process(request.config(f"seed={request.seed}"), device)
     except RunFailed as exc:
         raise SystemExit(f"run failed: {exc}") from None
     out.pop("history")
@@ -149,11 +192,15 @@ COMMANDS = {"run": _run, "config": _config, "baselines": _baselines, "summary": 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Parse the command line and run the command; input errors print one line and exit 2."""
-    from fedrec_flwr.runner import input_errors_exit
+    """Parse the command line and run the command: input errors print one line and exit 2, a failed run exits 1
+    (`runner.cli_errors_exit`); with --debug every error is re-raised with its traceback."""
+    from fedrec_flwr.runner import cli_errors_exit
 
     args = _parser().parse_args(argv)
-    with input_errors_exit():
+    if args.debug:
+        COMMANDS[args.command](args)
+        return
+    with cli_errors_exit():
         COMMANDS[args.command](args)
 
 

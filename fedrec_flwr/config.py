@@ -342,10 +342,11 @@ class FPPDMServerConfig:
     """What the server does with the domains' uploads: whether it aggregates, and which values it accepts."""
 
     aggregate: bool = True  # false: every domain trains alone (the single-domain baseline)
-    # bounds on a domain's upload: |mu| <= max_abs_mu and sigma <= max_sigma (honest values are
-    # O(1); the bounds stop a domain from dragging the barycenter arbitrarily far)
-    max_abs_mu: float = ranged(1000.0, _POSITIVE)
-    max_sigma: float = ranged(1000.0, _POSITIVE)
+    # bounds on a domain's upload, and on the barycenters a domain trains towards: |mu| <= max_abs_mu and
+    # sigma <= max_sigma. 0 (the default): derived from the model's scale, `fppdm.rounds.value_bounds`:
+    # |mu| <= 4 sqrt(margin) and sigma <= 1 + 4 sqrt(margin) (honest values measured: |mu| <= 0.7, sigma <= 1.6)
+    max_abs_mu: float = ranged(0.0, _NON_NEGATIVE)
+    max_sigma: float = ranged(0.0, _NON_NEGATIVE)
 
 
 @dataclass

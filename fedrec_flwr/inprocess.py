@@ -16,7 +16,13 @@ import torch
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.batched import train_users
 from fedrec_flwr.fedgnn.bindings import NodeBindings
-from fedrec_flwr.fedgnn.protocol import frame_train_upload, frame_users, published_popularity, split_download
+from fedrec_flwr.fedgnn.protocol import (
+    frame_registration,
+    frame_train_upload,
+    frame_users,
+    published_popularity,
+    split_download,
+)
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
@@ -31,7 +37,8 @@ def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int],
         rounds.popularity(0, [NodeReply(u, frame_users([u], [[user(u).report_popularity()]], 1)) for u in users],
                           time.time())
     popularity = published_popularity(rounds.server.registration_download(), rounds.server.num_items)
-    rounds.register(1, [NodeReply(u, frame_users([u], [[user(u).register(popularity)]], 1)) for u in users], time.time())
+    rounds.register(1, [NodeReply(u, frame_registration([u], [user(u).register(popularity)], [user(u).test_count]))
+                        for u in users], time.time())
 
 
 def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,
@@ -107,4 +114,5 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
             "clients_per_second": cfg.federation.clients_per_round / float(np.median(train_secs)),
             "wall_seconds": time.time() - t_start, "uploads_per_user": rounds.upload_counts(),
             "rejected": sum(h["rejected"] for h in history), "rounds_not_applied": rounds.rounds_not_applied,
-            "eval_ratings": rounds.final["eval_ratings"], "test_ratings": rounds.test_ratings, "history": history}
+            "eval_ratings": rounds.final["eval_ratings"], "test_ratings": rounds.test_ratings,
+            "eval_rejected": rounds.eval_rejections, "history": history}

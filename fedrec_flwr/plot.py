@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .results import load_results
+from .fsutil import writable_folder, writing_into
+from .summary import read_results
 
 METRICS = ("rmse", "mae", "hr@5", "ndcg@5", "hr@10", "ndcg@10")
 
@@ -16,14 +17,13 @@ def plot_runs(paths: list[str], out_dir: str) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [(p, load_results(p)) for p in paths]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    runs = [(p, read_results(p)) for p in paths]  # every file checked before anything is drawn
+    out = writable_folder(out_dir, "plot folder")
     written = []
     for metric in (*METRICS, "round_seconds"):
         series = []
         for p, doc in runs:
-            pts = [(r["round"], r[metric]) for r in doc["rounds"] if metric in r and r[metric] is not None]
+            pts = [(r["round"], r[metric]) for r in doc.get("rounds", []) if metric in r and r[metric] is not None]
             if pts:
                 series.append((f"{doc['algorithm']}/{doc['dataset']} ({Path(p).name})", pts))
         if not series:
@@ -37,7 +37,8 @@ def plot_runs(paths: list[str], out_dir: str) -> list[Path]:
         ax.legend(fontsize=7)
         fig.tight_layout()
         target = out / f"{metric.replace('@', '_at_')}.png"
-        fig.savefig(target, dpi=110)
+        with writing_into(out, "plot folder", f"writing {target.name}"):
+            fig.savefig(target, dpi=110)
         plt.close(fig)
         written.append(target)
     return written

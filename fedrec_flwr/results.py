@@ -158,6 +158,17 @@ def report_round(recorder: "RunRecorder | None", tag: str, record: dict[str, Any
     console.report(record, complete)
 
 
+def failure_reason(rounds_trained: int, rounds_not_applied: int, min_clients: int, rejections: list[tuple[int, str]],
+                   has_result: bool, no_result: str) -> str | None:
+    """Why a run must not report a result, or None: every training round it ran had fewer than `min_clients`
+    accepted uploads (the last refusal named), or nothing was evaluated (`no_result` says what)."""
+    if rounds_trained and rounds_not_applied == rounds_trained:
+        last = rejections[-1][1] if rejections else "no upload arrived"
+        return (f"no training round was applied: all {rounds_trained} had fewer than min_clients={min_clients} "
+                f"accepted uploads (last refusal: {last})")
+    return None if has_result else no_result
+
+
 def report_final(tag: str, summary: dict[str, Any], path: Path) -> None:
     """The run's last console line: `[tag] FINAL {summary} results: PATH`."""
     print(f"[{tag}] FINAL {summary} results: {path}", flush=True)

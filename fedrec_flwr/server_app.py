@@ -117,7 +117,7 @@ def fppdm_components(cfg) -> ServerAppComponents:
     log.info("FPPDM dataset %s: %d domains (%s), %d user ids; output %s", name, len(domains), ", ".join(domains),
              num_users, cfg.output_dir)
     recorder = RunRecorder(cfg.output_dir, cfg.algorithm, name, to_dict(cfg))
-    strategy = WassersteinBarycenterStrategy(cfg, num_users, len(domains), recorder)
+    strategy = WassersteinBarycenterStrategy(cfg, num_users, len(domains), recorder, domains)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.federation.rounds))
 
 

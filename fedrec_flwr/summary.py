@@ -1,9 +1,124 @@
-"""The final summary of a run from its results.json (`fedrec run` prints it; `fedrec summary` too)."""
+"""The final summary of a run from its results.json (`fedrec run` prints it; `fedrec summary` too).
+
+`read_results` is how `fedrec summary` and `fedrec plot` read a run's results.json: every key they use is
+checked first, so a missing, foreign or hand-edited file gives one ResultsFileError naming the file, the
+key and what was expected, never a KeyError or a formatting error.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 from .baselines import best_trivial
-from .results import load_results
+
+STATUSES = ("running", "finished", "failed")
+# round keys that plots draw and the summary sums: numbers (or null) when present
+ROUND_NUMBERS = ("rmse", "mae", "hr@5", "ndcg@5", "hr@10", "ndcg@10", "round_seconds", "bytes_up", "bytes_down")
+EXPECTED = "the results.json a run writes in its output folder"
+
+
+class ResultsFileError(ValueError):
+    """A results.json that cannot be summarised or plotted; the message names the file, the key and what was expected."""
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_results(file: Path, doc: Any) -> dict:
+    """`doc` (a parsed results.json) if it holds what the summary and the plots read; ResultsFileError otherwise."""
+    def fail(key: str, value: Any, expected: str) -> None:
+        shown = json.dumps(value)
+        raise ResultsFileError(f"{file}: key '{key}' = {shown if len(shown) <= 60 else shown[:57] + '...'}; "
+                               f"expected {expected}")
+
+    if not isinstance(doc, dict):
+        raise ResultsFileError(f"{file}: a JSON {type(doc).__name__}; expected an object ({EXPECTED})")
+    for key in ("algorithm", "dataset", "status"):
+        if key not in doc:
+            raise ResultsFileError(f"{file}: no key '{key}'; expected {EXPECTED}")
+        if not isinstance(doc[key], str):
+            fail(key, doc[key], "a string")
+    if doc["status"] not in STATUSES:
+        fail("status", doc["status"], f"one of {STATUSES}")
+    if "error" in doc and not isinstance(doc["error"], str):
+        fail("error", doc["error"], "a string (why the run failed)")
+    rounds = doc.get("rounds", [])
+    if not isinstance(rounds, list):
+        fail("rounds", rounds, "a list of round records")
+    for i, record in enumerate(rounds):
+        if not isinstance(record, dict):
+            fail(f"rounds[{i}]", record, "a round record (an object)")
+        if not _number(record.get("round")):
+            fail(f"rounds[{i}].round", record.get("round"), "the round's number")
+        for key in ROUND_NUMBERS:
+            if record.get(key) is not None and not _number(record[key]):
+                fail(f"rounds[{i}].{key}", record[key], "a number or null")
+    if doc["status"] != "finished":
+        return doc  # a running or failed run is summarised by its status and error only
+    if "wall_seconds" not in doc or not _number(doc["wall_seconds"]):
+        fail("wall_seconds", doc.get("wall_seconds"), "the run's wall time in seconds")
+    final = doc.get("final")
+    if not isinstance(final, dict):
+        fail("final", final, "an object of final metrics")
+    for key, value in final.items():
+        if not (_number(value) or isinstance(value, str) or value is None):
+            fail(f"final.{key}", value, "a number")
+    for key in ("eval_ratings", "test_ratings"):
+        if final.get(key) is not None and not _integer(final[key]):
+            fail(f"final.{key}", final[key], "an integer count of test ratings")
+    for key in ("rounds_not_applied", "baseline_ratings"):
+        if doc.get(key) is not None and not _integer(doc[key]):
+            fail(key, doc[key], "an integer")
+    baselines = doc.get("baselines")
+    if baselines:
+        if not isinstance(baselines, dict) or not all(_number(v) for v in baselines.values()):
+            fail("baselines", baselines, "an object of baseline RMSEs (numbers)")
+        if final.get("rmse") is not None:
+            missing = [k for k in ("global_mean", "user_mean", "item_mean") if k not in baselines]
+            if missing:
+                fail("baselines", baselines, f"the trivial baselines global_mean, user_mean and item_mean (missing {missing})")
+    privacy = doc.get("privacy")
+    if privacy:
+        try:
+            numbers = [privacy["delta"], privacy["epsilon_per_coordinate_per_upload"],
+                       privacy["per_upload"]["coordinates"], privacy["per_upload"]["basic"], privacy["per_upload"]["tight"],
+                       *(privacy["per_user_run"][w][k] for w in ("median", "max") for k in ("basic", "tight"))]
+            ok = isinstance(privacy["neighbouring"], str) and all(_number(v) for v in numbers)
+            ok = ok and all("uploads" in privacy["per_user_run"][w] for w in ("median", "max"))
+        except (KeyError, TypeError):
+            ok = False
+        if not ok:
+            fail("privacy", privacy, "the accounted budget (neighbouring, delta, epsilon_per_coordinate_per_upload, "
+                                     "per_upload, per_user_run.median / .max)")
+    return doc
+
+
+def read_results(path: str | Path) -> dict:
+    """A run's results.json (`path`: its output folder, or the file), checked by `check_results`."""
+    p = Path(path)
+    if not p.exists():
+        raise ResultsFileError(f"run {path}: no such folder or file; expected a run's output folder (holding "
+                               "results.json) or its results.json")
+    file = p / "results.json" if p.is_dir() else p
+    if not file.is_file():
+        raise ResultsFileError(f"{file}: no such file; expected {EXPECTED} (is {path} a run's output folder?)")
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ResultsFileError(f"{file}: not UTF-8 text (at byte {exc.start}); expected {EXPECTED}") from None
+    except json.JSONDecodeError as exc:
+        raise ResultsFileError(f"{file}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
+                               f"expected {EXPECTED}") from None
+    except OSError as exc:
+        raise ResultsFileError(f"{file}: cannot be read ({exc.strerror}); expected {EXPECTED}") from None
+    return check_results(file, doc)
 
 _BASELINE_NAMES = {"global_mean": "global mean", "user_mean": "user mean", "item_mean": "item mean",
                    "bias": "bias (mean + user + item bias)"}
@@ -11,13 +126,13 @@ _BASELINE_NAMES = {"global_mean": "global mean", "user_mean": "user mean", "item
 
 def summarize(path: str) -> str:
     """A short summary: final metrics beside the split's baselines, rounds, wall time, traffic, privacy."""
-    doc = load_results(path)
+    doc = read_results(path)
     if doc.get("status") != "finished":  # a failed or unfinished run has no result to show
         return f"{doc['algorithm']} on {doc['dataset']}: {doc.get('status')}: {doc.get('error', 'no final metrics')}"
-    rounds = [r for r in doc["rounds"] if r.get("phase") == "train" or "train_loss" in r]
+    rounds = [r for r in doc.get("rounds", []) if r.get("phase") == "train" or "train_loss" in r]
     final = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in doc["final"].items())
-    up = [r["bytes_up"] for r in rounds if "bytes_up" in r]
-    down = [r["bytes_down"] for r in rounds if "bytes_down" in r]
+    up = [r["bytes_up"] for r in rounds if r.get("bytes_up") is not None]
+    down = [r["bytes_down"] for r in rounds if r.get("bytes_down") is not None]
     lines = [
         f"{doc['algorithm']} on {doc['dataset']} ({doc.get('status')}): {final}",
         f"  training rounds: {len(rounds)}, wall: {doc['wall_seconds']:.1f}s",
@@ -47,7 +162,7 @@ def summarize(path: str) -> str:
         for which in ("median", "max"):
             r = run[which]
             lines.append(f"    {which} user over the run ({r['uploads']} uploads): {r['basic']:.4g} basic, {r['tight']:.4g} tight")
-    if up:
+    if up and down:
         lines.append(f"  per client per round: {sum(up) / len(up) / 1e6:.3f} MB up, {sum(down) / len(down) / 1e6:.3f} MB down")
     lines.append(f"  results: {path}/results.json")
     return "\n".join(lines)

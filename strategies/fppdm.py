@@ -17,16 +17,18 @@ from flwr.server.strategy import Strategy
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.fppdm.rounds import FPPDMRounds
 from fedrec_flwr.messages import NodeReply
-from fedrec_flwr.results import RunRecorder
+from fedrec_flwr.results import RunRecorder, records_failure
 from strategies.nodes import decode_replies, wait_for_nodes
 
 
 class WassersteinBarycenterStrategy(Strategy):
     """Aggregates per-user diagonal Gaussians by their W2 barycenter (FPPDM)."""
 
-    def __init__(self, cfg: AppConfig, num_users: int, num_domains: int, recorder: RunRecorder | None = None):
+    def __init__(self, cfg: AppConfig, num_users: int, num_domains: int, recorder: RunRecorder | None = None,
+                 domain_names: list[str] | None = None):
         self.cfg, self.num_domains = cfg, num_domains
-        self.rounds = FPPDMRounds.from_config(cfg, num_users, recorder, num_domains)
+        self.recorder = recorder
+        self.rounds = FPPDMRounds.from_config(cfg, num_users, recorder, num_domains, domain_names)
         self.round_started = time.time()
 
     @property
@@ -38,6 +40,7 @@ class WassersteinBarycenterStrategy(Strategy):
         """Nothing global exists before the first round."""
         return ndarrays_to_parameters([])
 
+    @records_failure
     def configure_fit(self, server_round, parameters, client_manager):
         """Every domain trains every round, towards the global distributions of its own users."""
         self.round_started = time.time()
@@ -46,18 +49,21 @@ class WassersteinBarycenterStrategy(Strategy):
         return [(c, FitIns(ndarrays_to_parameters(self.rounds.download(c.node_id)), {"round": server_round}))
                 for c in client_manager.all().values()]
 
+    @records_failure
     def aggregate_fit(self, server_round, results, failures):
         """Hand the uploads to the round core; rejected ones are logged and counted, never averaged in."""
         replies = decode_replies(results, lambda why: self.rounds.reject(server_round, why))
         record = self.rounds.train(server_round, replies, [str(f) for f in failures], self.round_started)
         return ndarrays_to_parameters([]), {k: v for k, v in record.items() if isinstance(v, (int, float))}
 
+    @records_failure
     def configure_evaluate(self, server_round, parameters, client_manager):
         """Every `eval_every` rounds and at the end, all domains evaluate."""
         if not self.rounds.is_eval_round(server_round):
             return []
         return [(c, EvaluateIns(ndarrays_to_parameters([]), {"round": server_round})) for c in client_manager.all().values()]
 
+    @records_failure
     def aggregate_evaluate(self, server_round, results, failures):
         """Per-domain HR/NDCG and their unweighted mean over domains."""
         replies = [NodeReply(proxy.node_id, metrics=dict(res.metrics)) for proxy, res in results]

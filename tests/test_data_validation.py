@@ -29,10 +29,12 @@ RATED = ("ml-100k", "ml-1m", "douban-book-music")
 
 
 def _write_dataset(root, name: str, bad_line: bytes):
-    """A valid dataset of format `name` under root, with `bad_line` as line 2 of its target file."""
+    """A valid dataset of format `name` under root, with `bad_line` as line 2 of its target file (a test split
+    holds other items than its training split: a pair in both is refused)."""
     files, target, line = FORMATS[name]
     for rel in files:
-        rows = [line(u, i, r).encode() for u, i, r in GOOD_ROWS]
+        shift = 3 if rel.endswith(("u1.test", "test.txt")) else 0
+        rows = [line(u, i + shift, r).encode() for u, i, r in GOOD_ROWS]
         if rel == target:
             rows.insert(1, bad_line)
         (root / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -213,10 +213,10 @@ def test_a_two_round_fedgnn_tuned_run_on_a_fixture_of_each_dataset(name, tmp_pat
     _check_every_test_rating_scored(doc, cfg)
 
 
-def _in_process_flwr_run(cmd: list[str], env) -> int:
+def _in_process_flwr_run(cmd: list[str], env, log_path=None, debug=False) -> int:
     """Stands in for `flwr run` (fedrec_flwr.runner.stream_flwr_run): the run config and SuperNode count the driver
     passed, fused with pyproject's defaults as Flower does, into the app's own ServerApp and ClientApp entry
-    points (server_fn, client_fn), driven in this process. Returns the exit code 0."""
+    points (server_fn, client_fn), driven in this process (no output to log or filter). Returns the exit code 0."""
     class AsNumPy:
         """A flwr Client (what client_fn returns) behind the NumPyClient calls that inprocess.drive makes."""
 

@@ -11,6 +11,7 @@ from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_REGISTER,
     PHASE_TRAIN,
+    REGISTER_FIELDS,
     TRAIN_FIELDS,
     frame_download,
     model_gradients,
@@ -72,7 +73,7 @@ def test_upload_hides_embedding_ratings_and_count(tiny_cfg):
     client = FedGNNClient(cfg, meta, [5], parts.user, store)
     reg, n, reg_metrics = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
     assert n == 1 and reg[0].tolist() == [5]  # [users, set sizes, the ids of user 5]
-    ids = [split_users(reg, 1)[0][1][0]]
+    ids = [split_users(reg, REGISTER_FIELDS)[0][1][0]]
     assert np.all(np.isin(data.train_items, ids[0])) and ids[0].size >= cfg.privacy.pseudo_items
     assert ids[0].size >= 2 * data.train_items.size  # at least as many pseudo rows as real ones
     weights, rows = _payload(cfg, meta, store.load(5))
@@ -152,7 +153,7 @@ def test_a_user_without_training_ratings_sends_a_valid_upload(tiny_cfg):
     store = MemoryStore()
     client = FedGNNClient(cfg, meta, [7], lambda u: empty, store)
     reg, _, _ = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
-    ids = split_users(reg, 1)[0][1][0]
+    ids = split_users(reg, REGISTER_FIELDS)[0][1][0]
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
     server.register(7, ids)
     download = frame_download(server.model_weights(), [7], [server.rows_for(7)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrec_flwr.fedgnn.protocol import frame_users, model_gradients, split_users
+from fedrec_flwr.fedgnn.protocol import frame_registration, frame_users, model_gradients, split_users
 from fedrec_flwr.fedgnn.rounds import validate_registration
 from fedrec_flwr.fedgnn.server import merge_item_gradients, validate_upload
 from fedrec_flwr.messages import UploadRejected
@@ -56,21 +56,22 @@ def test_too_few_rows_and_changed_set_rejected():
     with pytest.raises(UploadRejected, match="differ from the anonymity set"):
         validate_upload(good(), SHAPES, 4, 10, 3, np.array([1, 4, 8]))
     with pytest.raises(UploadRejected, match="fewer than the required"):
-        validate_registration(frame_users([0], [[np.array([1, 2])]], 1), 10, 3)
+        validate_registration(frame_registration([0], [np.array([1, 2])], [1]), 10, 3)
 
 
 def test_a_forged_frame_is_refused_before_any_user_is_read():
     users, sizes, ids = frame_users([0, 1], [[np.array([1, 2, 3])], [np.array([4, 5, 6])]], 1)
     assert [(u, b[0].tolist()) for u, b in split_users([users, sizes, ids], 1)] == [(0, [1, 2, 3]), (1, [4, 5, 6])]
+    counts = frame_registration([0, 1], [np.array([1, 2, 3]), np.array([4, 5, 6])], [1, 1])[3:]
     for forged, why in (([users, sizes + [1, 0], ids], "do not add up"), ([users, np.array([-1, 7]), ids], "do not add up"),
                         ([users, np.array([9, -3]), ids], "do not add up"), ([users, sizes[:1], ids], "sizes must be 2"),
                         ([users, sizes.astype(float), ids], "sizes must be 2 integers"),
-                        ([np.array([0, 0]), sizes, ids], "duplicate user ids"), ([users, sizes], "must have 3 arrays"),
+                        ([np.array([0, 0]), sizes, ids], "duplicate user ids"), ([users, sizes], "must have 5 arrays"),
                         ([users.astype(float), sizes, ids], "integer array of user ids"),
                         ([users, sizes, np.array(7)], "do not add up"),
                         ([np.arange(17), np.full(17, 2**60), np.empty((2**60, 0), np.float32)], "do not add up")):  # int64 sum wraps
         with pytest.raises(UploadRejected, match=why):
-            validate_registration(forged, 10, 3)
+            validate_registration(forged if len(forged) < 3 else [*forged, *counts], 10, 3)
 
 
 def test_flat_model_gradients_must_have_the_models_length():

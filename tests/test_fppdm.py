@@ -200,7 +200,8 @@ class _FixedDomain:
         return arrays, 1, {}
 
     def evaluate(self, parameters, config):
-        return 0.0, 10, {"n": 10, "domain": self.name, **(self.scores or {"hr@10": 0.5})}
+        scores = {"hr@5": 0.25, "ndcg@5": 0.2, "hr@10": 0.5, "ndcg@10": 0.3, **(self.scores or {})}
+        return 0.0, 10, {"n": 10, "domain": self.name, **scores}
 
 
 def _fixed_domains(corrupt=None, bad_rounds=(), dim=2):
@@ -326,7 +327,7 @@ def test_only_user_distributions_leave_a_domain_and_k3_rounds_run(tmp_path):
     assert all(c.sent[0] == [] for c in clients.values())  # round 1: no global users yet
     for k, dom in enumerate(ds.domains):
         for arrays, metrics in zip(clients[k].uploads, clients[k].metrics):
-            assert len(arrays) == 3 and set(metrics) == {"train_loss"}
+            assert len(arrays) == 3 and set(metrics) == {"train_loss", "refused_targets"} and metrics["refused_targets"] == 0
             ids, _, _ = validate_distributions(arrays, ds.num_users, 16)
             assert np.array_equal(ids, np.unique(dom.train_users))  # this domain's users, nothing else
     for sent, uploads in ((clients[0].sent[1], [c.uploads[0] for c in clients.values()]),  # round 2: round 1's

@@ -29,7 +29,7 @@ from fedrec_flwr.neighbours import (
     serve,
 )
 from fedrec_flwr.neighbours.process import start_local_service
-from fedrec_flwr.neighbours.service import _cost
+from fedrec_flwr.neighbours.service import SUBMIT_BYTES_FIXED, SUBMIT_BYTES_PER_TOKEN, SUBMIT_BYTES_PER_VALUE
 from fedrec_flwr.neighbours.service import main as service_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -244,9 +244,9 @@ def test_a_handle_is_written_once_unless_the_run_takes_updates(secured):
 # -- bounds -----------------------------------------------------------------------------------
 def test_limits_on_runs_handles_tokens_dimensions_and_storage():
     svc = NeighbourService(Limits(max_runs=2, max_entries=2, max_tokens=4, max_dim=8, max_neighbours=5,
-                                  max_memory_bytes=2 * _cost(2, 1) + _cost(2, 2) + 100))
+                                  max_memory_bytes=1 << 20))
     svc.open_run("a", 2, 4, 5)
-    svc.open_run("b", 2, 4, 5)
+    svc.open_run("b", 2, 4, 5, memory_bytes=9000)  # its own storage budget: little more than an empty run
     for call, status, message in (
         (lambda: svc.open_run("c", 2, 4, 5), 429, "too many open runs"),
         (lambda: svc.open_run("d", 9, 4, 5), 400, r"dim must be an integer in \[1, 8\]"),
@@ -262,23 +262,28 @@ def test_limits_on_runs_handles_tokens_dimensions_and_storage():
     with pytest.raises(RequestError, match="run is full") as err:
         svc.submit("a", "c" * 32, [0, 0], [TOKEN])
     assert err.value.status == 429
-    svc.submit("b", "a" * 32, [0, 0], ["2" * 32, "3" * 32])  # all but 100 estimated bytes of the budget used now
-    with pytest.raises(RequestError, match="storage budget") as err:
+    with pytest.raises(RequestError, match="run 'b' storage budget exhausted: 8192 of its 9000 bytes used") as err:
         svc.submit("b", "b" * 32, [0, 0], ["4" * 32, "5" * 32, "6" * 32, "7" * 32])
-    assert err.value.status == 429
-    svc.close_run("a")  # closing frees the budget
+    assert err.value.status == 429 and not svc.runs["b"].handles  # refused before anything was stored
+    svc.close_run("b")  # closing gives its budget back; a larger one fits now
+    svc.open_run("b", 2, 4, 5, memory_bytes=64_000)
     svc.submit("b", "b" * 32, [0, 0], ["4" * 32, "5" * 32, "6" * 32, "7" * 32])
 
 
+SUBMIT_LIMIT = SUBMIT_BYTES_FIXED + 5 * SUBMIT_BYTES_PER_TOKEN + 2 * SUBMIT_BYTES_PER_VALUE  # _open's run: 5 tokens, dim 2
+
+
 def test_oversized_bodies_are_refused_with_413(secured):
-    _, address = secured  # max_body_bytes = 64 KiB
+    _, address = secured  # max_body_bytes = 64 KiB; a submit to this run needs at most SUBMIT_LIMIT
     secret = _open(address)
     big = json.dumps({"handle": "a" * 32, "embedding": [0] * 40_000, "tokens": [TOKEN]}).encode()
     status, body = _request(address, "/runs/r/submit", raw=big, token=secret)
-    assert status == 413 and "over 65536 bytes" in body["error"]
+    assert status == 413 and f"over {SUBMIT_LIMIT} bytes" in body["error"]
     chunks = iter([big[i: i + 8192] for i in range(0, len(big), 8192)])  # no Content-Length: counted while read
     status, body = _request(address, "/runs/r/submit", raw=chunks, token=secret)  # http.client sends it chunked
-    assert status == 413 and "over 65536 bytes" in body["error"]
+    assert status == 413 and f"over {SUBMIT_LIMIT} bytes" in body["error"]
+    status, body = _request(address, "/runs", raw=b" " * 5000, token=ADMIN)  # admin bodies are a few fields
+    assert status == 413 and "over 4096 bytes" in body["error"]
 
 
 def test_busy_service_answers_503_and_the_client_retries_then_reports_it():
@@ -348,7 +353,8 @@ def test_slow_and_half_open_clients_are_cut_off_while_honest_ones_are_served(sec
         assert sock.recv(100) == b""  # closed by the service
         sock.close()
     assert time.monotonic() - start < 4
-    status, body, elapsed = _raw(address, b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"ha")
+    status, body, elapsed = _raw(address, b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n"
+                                 b"Authorization: Bearer " + secret.encode() + b"\r\n\r\n{\"ha")
     assert status == 408 and "not received within 0.5s" in body["error"] and elapsed < 4  # a body that stalls
 
 
@@ -391,7 +397,8 @@ def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
         (_post("/runs/r/submit", b"\xff\xfe"), 400, "not valid JSON"),
         (_post("/runs/r/submit", b"[1, 2]"), 400, "must be a JSON object"),
         (_post("/runs/r/submit", b""), 400, "must be a JSON object"),
-        (_post("/runs/r/submit", b"[" * 60_000), 400, "not valid JSON"),  # nesting past the recursion limit
+        (_post("/runs/r/submit", b"[" * 1000), 400, "at most 8 arrays and objects"),  # nesting: refused unparsed
+        (_post("/runs/r/submit", b"[" * 60_000), 413, f"over {SUBMIT_LIMIT} bytes"),
         (_post("/runs/r/submit", b'{"handle": 7, "embedding": [0, 0], "tokens": ["' + b"1" * 32 + b'"]}'), 400, "handle must be"),
         (_post("/runs/r/submit", b'{"handle": "' + b"a" * 32 + b'", "embedding": "00", "tokens": ["' + b"1" * 32 + b'"]}'),
          400, "2 finite numbers"),
@@ -411,9 +418,11 @@ def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
          "Content-Length"),
         (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n{\"handle\": 1}", 400,
          "Invalid method"),  # a Content-Length shorter than the body: the rest is no request (a longer one: 408, above)
-        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{}", 413, "over 65536 bytes"),
+        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{}", 413, f"over {SUBMIT_LIMIT} bytes"),
         (b"GARBAGE\r\n\r\n", 400, "Invalid method"),
-        (b"POST /runs HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 10_000 + b"\r\n\r\n", 400, "8190 bytes"),
+        (b"POST /runs HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 10_000 + b"\r\n\r\n", 400, "2048 bytes"),
+        (b"POST /runs HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(20)) + b"\r\n", 400,
+         "Too many headers"),
     ],
 )
 def test_malformed_requests_are_answered_with_a_json_error(secured, data, status, message):

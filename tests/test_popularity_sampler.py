@@ -152,7 +152,7 @@ def test_exhausted_strata_are_topped_up_to_the_servers_minimum():
 
 def test_only_the_node_that_reported_for_a_user_may_register_it(tiny_cfg):
     from fedrec_flwr.fedgnn.bindings import NodeBindings
-    from fedrec_flwr.fedgnn.protocol import frame_users
+    from fedrec_flwr.fedgnn.protocol import frame_registration, frame_users
     from fedrec_flwr.fedgnn.rounds import FedGNNRounds
     from fedrec_flwr.fedgnn.server import FedGNNServer
     from fedrec_flwr.messages import NodeReply
@@ -161,7 +161,7 @@ def test_only_the_node_that_reported_for_a_user_may_register_it(tiny_cfg):
     server = FedGNNServer.from_config(cfg, 80, 3.0)
     rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(60), 4.0)
     rounds.popularity(0, [NodeReply(1, frame_users([5], [[np.zeros(80, np.uint8)]], 1))], 0.0)
-    rounds.register(1, [NodeReply(2, frame_users([5], [[np.arange(10, dtype=np.int32)]], 1))], 0.0)
+    rounds.register(1, [NodeReply(2, frame_registration([5], [np.arange(10)], [1]))], 0.0)
     assert 5 not in server.anonymity_sets and "popularity report from another node" in rounds.rejections[-1][1]
-    rounds.register(1, [NodeReply(1, frame_users([5], [[np.arange(10, dtype=np.int32)]], 1))], 0.0)
+    rounds.register(1, [NodeReply(1, frame_registration([5], [np.arange(10)], [1]))], 0.0)
     assert 5 in server.anonymity_sets

@@ -112,7 +112,7 @@ def test_an_fppdm_round_that_evaluates_prints_one_line(tmp_path, capsys):
     from fedrec_flwr.messages import NodeReply
 
     cfg = load_config("fppdm", None, ["federation.rounds=3", "federation.eval_every=2", "federation.min_clients=1",
-                                      f"output_dir={tmp_path}"])
+                                      "fppdm.evaluation.topk=[10]", f"output_dir={tmp_path}"])
     recorder = RunRecorder(tmp_path, "fppdm", "s", {})
     rounds = FPPDMRounds.from_config(cfg, 10, recorder)
     evaluation = [NodeReply(0, metrics={"n": 3, "domain": "a", "hr@10": 0.5, "ndcg@10": 0.25})]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import time
 
 import numpy as np
@@ -12,11 +13,13 @@ import torch
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.bounds import (
     FALSE_REJECTION,
+    PER_CHECK,
     check_upload_bounds,
     ldp_coordinate_bound,
+    ldp_l1_bound,
 )
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError
-from fedrec_flwr.fedgnn.protocol import frame_train_upload, frame_users
+from fedrec_flwr.fedgnn.protocol import frame_registration, frame_train_upload, frame_users
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer, robust_location, validate_upload
 from fedrec_flwr.messages import NodeReply, UploadRejected
@@ -27,8 +30,8 @@ def test_honest_ldp_uploads_pass_and_out_of_range_ones_are_refused(tiny_cfg):
     cfg = tiny_cfg()  # the paper's LDP: clip 0.1, Laplace 0.2
     rng = np.random.default_rng(0)
     coordinates = 2000
-    bound = ldp_coordinate_bound(cfg.privacy.clip_delta, cfg.privacy.noise_lambda, coordinates)
-    assert bound == pytest.approx(0.1 + 0.2 * np.log(coordinates / FALSE_REJECTION))
+    bound = ldp_coordinate_bound(cfg.privacy.clip_delta, cfg.privacy.noise_lambda, coordinates, PER_CHECK)
+    assert bound == pytest.approx(0.1 + 0.2 * np.log(coordinates / PER_CHECK)) and PER_CHECK * 3 == FALSE_REJECTION
     for _ in range(3000):  # honest: clipped gradients of any size, then Laplace noise
         upload = privatize([rng.normal(0, 5, coordinates).astype(np.float32)], 0.1, 0.2, rng)
         check_upload_bounds(cfg.privacy, cfg.merge, upload)
@@ -39,11 +42,55 @@ def test_honest_ldp_uploads_pass_and_out_of_range_ones_are_refused(tiny_cfg):
             check_upload_bounds(cfg.privacy, cfg.merge, [upload])
 
 
+def test_an_upload_must_have_the_l1_norm_of_clip_plus_laplace(tiny_cfg):
+    """Every coordinate inside the coordinate bound is not enough: each block's L1 norm must be one that clipped
+    values plus Laplace noise reach. Honest blocks at the worst case (every clipped value at +delta) pass, the
+    coordinated at-bound attack is refused, and a block at the L1 limit (the strongest passing attacker) passes."""
+    cfg = tiny_cfg()
+    p = cfg.privacy
+    rng = np.random.default_rng(1)
+    sizes = (1500, 500)  # model gradients, item rows
+    margins = []
+    for _ in range(2000):  # honest, worst case for the norm: every gradient clipped to +delta, then noise
+        model, rows = privatize([np.full(sizes[0], 9.0, np.float32), np.full(sizes[1], 9.0, np.float32)], 0.1, 0.2, rng)
+        check_upload_bounds(p, cfg.merge, [model, rows])
+        margins.append(np.abs(model).sum() / ldp_l1_bound(0.1, 0.2, sizes[0], PER_CHECK))
+    # every honest draw passes (the checks above), and the limit is tight: honest norms reach ~90% of it
+    assert 0.85 < float(np.mean(margins)) and max(margins) < 1.0
+    at_bound = 0.999 * ldp_coordinate_bound(0.1, 0.2, sum(sizes), PER_CHECK)
+    with pytest.raises(UploadRejected, match="model gradients: L1 norm"):
+        check_upload_bounds(p, cfg.merge, [np.full(sizes[0], at_bound, np.float32), np.zeros(sizes[1], np.float32)])
+    with pytest.raises(UploadRejected, match="item rows: L1 norm"):
+        check_upload_bounds(p, cfg.merge, [np.zeros(sizes[0], np.float32), np.full(sizes[1], -at_bound, np.float32)])
+    strongest = [np.full(n, 0.999 * ldp_l1_bound(0.1, 0.2, n, PER_CHECK) / n, np.float32) for n in sizes]
+    check_upload_bounds(p, cfg.merge, strongest)
+    assert 0.221 < float(strongest[0][0]) < 0.26  # the honest mean |coordinate|, 0.221, plus the Chernoff margin
+
+
+def test_the_l1_bound_is_a_chernoff_bound_at_the_worst_clipped_value():
+    """The moment generating function of |x + Laplace| grows with |x| (so |x| = delta is the worst case the bound
+    assumes), matches a Monte Carlo estimate, and the bound sits above the honest mean by a shrinking margin."""
+    from fedrec_flwr.fedgnn.bounds import abs_laplace_mgf
+
+    for s in np.linspace(0.05, 4.95, 50):
+        values = [abs_laplace_mgf(s, a, 0.2) for a in np.linspace(0.0, 0.1, 51)]
+        assert np.all(np.diff(values) >= -1e-12), s
+    noise = np.random.default_rng(0).laplace(0.0, 0.2, 1_000_000)
+    for s in (0.5, 2.0):
+        assert abs_laplace_mgf(s, 0.1, 0.2) == pytest.approx(np.mean(np.exp(s * np.abs(0.1 + noise))), rel=2e-3)
+    mean = 0.1 + 0.2 * np.exp(-0.5)
+    per = [ldp_l1_bound(0.1, 0.2, c, PER_CHECK) / c for c in (1000, 100_000, 1_000_000)]
+    assert mean < per[2] < per[1] < per[0] < mean + 0.05
+
+
 def test_without_ldp_the_operator_norm_bound_applies(tiny_cfg):
     cfg = tiny_cfg("privacy.ldp=false", "merge.upload_norm_bound=10")
     check_upload_bounds(cfg.privacy, cfg.merge, [np.full(16, 2.0, np.float32)])  # norm 8
     with pytest.raises(UploadRejected, match="upload_norm_bound"):
         check_upload_bounds(cfg.privacy, cfg.merge, [np.full(16, 3.0, np.float32)])  # norm 12
+    with pytest.raises(UploadRejected, match="model gradients: L2 norm"):  # per block: each within the bound
+        check_upload_bounds(cfg.privacy, cfg.merge, [np.full(16, 3.0, np.float32), np.full(16, 2.0, np.float32)])
+    check_upload_bounds(cfg.privacy, cfg.merge, [np.full(16, 2.0, np.float32), np.full(16, 2.0, np.float32)])
     check_upload_bounds(tiny_cfg("privacy.ldp=false").privacy, tiny_cfg("privacy.ldp=false").merge, [np.full(16, 1e6, np.float32)])  # 0: no bound set
 
 
@@ -83,12 +130,14 @@ def test_registration_refuses_ids_outside_the_dataset_and_second_claims():
         entitled.check_claim(1, [4])
 
 
-def _rounds(cfg, num_users=4, num_items=20, set_size=20):
+def _rounds(cfg, num_users=4, num_items=20, set_size=20, test_count=2):
+    """A round core whose users registered through its own registration round, node 100 + u hosting user u,
+    each committing `test_count` test ratings."""
     server = FedGNNServer.from_config(cfg, num_items, 3.0)
     rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(num_users), rating_span=4.0)
-    for u in range(num_users):
-        server.register(u, np.arange(set_size))
-        rounds.bindings.bind(100 + u, [u])
+    rounds.register(1, [NodeReply(100 + u, frame_registration([u], [np.arange(set_size)], [test_count]))
+                        for u in range(num_users)], time.time())
+    assert not rounds.rejections
     rounds.plan_eval({100 + u for u in range(num_users)})
     return rounds
 
@@ -96,7 +145,8 @@ def _rounds(cfg, num_users=4, num_items=20, set_size=20):
 @pytest.mark.parametrize("metrics,why", [
     ({"sse": float("nan"), "sae": 1.0, "n": 2}, "finite"),
     ({"sse": -1.0, "sae": 1.0, "n": 2}, "finite and >= 0"),
-    ({"sse": 1.0, "sae": 1.0, "n": 21}, "exceeds the 20 items"),
+    ({"sse": 1.0, "sae": 1.0, "n": 20}, "committed 2 test ratings"),  # n = its anonymity set: the old spoof
+    ({"sse": 0.0, "sae": 0.0, "n": 1}, "committed 2 test ratings"),
     ({"sse": 1.0, "sae": 1.0, "n": -3}, "non-negative integer"),
     ({"sse": 1.0, "sae": 1.0, "n": 2.5}, "non-negative integer"),
     ({"sse": 33.0, "sae": 1.0, "n": 2}, "exceed what 2 ratings"),  # 2 ratings can err by at most 2 * 4^2
@@ -109,6 +159,33 @@ def test_dishonest_evaluation_replies_are_refused_and_counted(tiny_cfg, metrics,
     out = rounds.evaluate(5, [*honest, NodeReply(103, metrics=metrics)], failures=0)
     assert out["rmse"] == pytest.approx(1.0) and out["eval_ratings"] == 6  # the honest nodes alone
     assert rounds.eval_rejections == 1 and why in rounds.rejections[-1][1]
+
+
+def test_one_node_moves_the_rmse_by_at_most_its_committed_share(tiny_cfg):
+    """A node can report any SSE its users' committed test ratings allow, and no more ratings than committed:
+    its reply moves the RMSE only within the interval its share spans (SSE from 0 to n x span^2)."""
+    rounds = _rounds(tiny_cfg(), num_users=10, test_count=5)
+    honest = [NodeReply(100 + u, metrics={"sse": 5.0, "sae": 5.0, "n": 5}) for u in range(10)]
+    clean = rounds.evaluate(5, honest, failures=0)["rmse"]
+    total_sse, total_n, share = 50.0, 50, 5
+    low, high = np.sqrt((total_sse - 5.0) / total_n), np.sqrt((total_sse - 5.0 + share * 16.0) / total_n)
+    for sse in (0.0, share * 16.0):  # the best and the worst a node of 5 ratings can claim
+        spoofed = [*honest[:9], NodeReply(109, metrics={"sse": sse, "sae": 0.0, "n": share})]
+        rmse = rounds.evaluate(5, spoofed, failures=0)["rmse"]
+        assert low - 1e-12 <= rmse <= high + 1e-12 and rmse != clean
+    inflated = [*honest[:9], NodeReply(109, metrics={"sse": 0.0, "sae": 0.0, "n": 20})]  # claims its set's size
+    assert rounds.evaluate(5, inflated, failures=0)["eval_ratings"] == 45  # refused: the other nine alone
+
+
+def test_a_registration_commits_a_test_count_within_its_set(tiny_cfg):
+    rounds = _rounds(tiny_cfg(), num_users=2)
+    fresh = FedGNNRounds.from_config(tiny_cfg(), rounds.server, NodeBindings(4), rating_span=4.0)
+    for count, why in ((21, r"expected one integer in \[0, 20\]"), (-1, "expected one integer")):
+        fresh.register(1, [NodeReply(50, frame_registration([3], [np.arange(20)], [count]))], time.time())
+        assert re.search(why, fresh.rejections[-1][1]) and 3 not in fresh.test_counts
+    one_field = frame_users([3], [[np.arange(20)]], 1)  # no count: refused, not guessed
+    fresh.register(1, [NodeReply(50, one_field)], time.time())
+    assert "message must have 5 arrays" in fresh.rejections[-1][1]
 
 
 def test_evaluation_from_a_node_not_asked_is_refused(tiny_cfg):
@@ -162,12 +239,12 @@ def test_a_reply_naming_more_users_than_its_node_hosts_costs_one_rejection(tiny_
                                                      "for at most 1"]
     popular = FedGNNRounds.from_config(tiny_cfg("simulation.users_per_node=5"), rounds.server,
                                        NodeBindings(40, block_size=5), rating_span=4.0)
-    popular.register(1, [NodeReply(7, frame_users(range(6), [[np.arange(20)]] * 6, 1))], time.time())
+    popular.register(1, [NodeReply(7, frame_registration(list(range(6)), [np.arange(20)] * 6, [2] * 6))], time.time())
     assert "names 6 users; the node may speak for at most 5" in popular.rejections[-1][1]
     from fedrec_flwr.fedgnn.bindings import listed
 
     operator = FedGNNRounds.from_config(cfg, rounds.server, NodeBindings(40, listed({3: frozenset([0])})), rating_span=4.0)
-    operator.register(1, [NodeReply(9, frame_users([0], [[np.arange(20)]], 1))], time.time())  # an unlisted node
+    operator.register(1, [NodeReply(9, frame_registration([0], [np.arange(20)], [2]))], time.time())  # an unlisted node
     assert "user 0 is not assigned to node 9" in operator.rejections[-1][1]  # told why, not only how many
 
 

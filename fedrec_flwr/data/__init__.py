@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from ..fsutil import writable_folder, writing_into
 from .download import sha256_of
 from .node_files import load_catalogue
 from .partition import UserData, UserPartitions, discard, fingerprint, write_partitions
@@ -76,10 +77,14 @@ def prepare_partitions(data_cfg) -> Path:
             discard(directory)
     t0 = time.time()
     log.info("building per-user partitions of %s into %s", data_cfg.name, directory)
+    # a built cache is only read (a read-only cache folder serves it); building one needs a writable folder,
+    # checked before the dataset is read
+    writable_folder(directory.parent, "cache folder")
     ds = load_from_config(data_cfg)
     if not isinstance(ds, RatingDataset):
         raise DataError(f"dataset '{data_cfg.name}' is multi-domain; per-user rating partitions need a rating dataset")
-    write_partitions(ds, directory, key)
+    with writing_into(directory.parent, "cache folder", f"building the partitions of {data_cfg.name}"):
+        write_partitions(ds, directory, key)
     log.info("partitions of %s ready: %d users, %d items, %d train / %d test ratings (%.1fs)",
              ds.name, ds.num_users, ds.num_items, len(ds.train), len(ds.test), time.time() - t0)
     return directory

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .readers import read_delimited, read_mat_v73
+from .readers import check_disjoint, read_delimited, read_mat_v73
 from .types import (
     DataError,
     Domain,
@@ -48,6 +48,7 @@ def load_split_files(name: str, train_path: Path, test_path: Path, sep: str | No
     te_u, te_i, te_r = read_delimited(test_path, sep, 3)
     for path, r in ((train_path, tr_r), (test_path, te_r)):
         _check_scale(path, r, scale)
+    check_disjoint(train_path, tr_u, tr_i, test_path, te_u, te_i)
     tr_u, te_u, raw_users = _compact(tr_u, te_u)
     tr_i, te_i, raw_items = _compact(tr_i, te_i)
     return RatingDataset(
@@ -190,6 +191,7 @@ def load_disencdr_pair(name: str, root: Path, a: str, b: str, test_file: str = "
             raise DataError(f"missing folder {base} (expected train.txt and {test_file} for domain '{dom}')")
         tr_u, tr_i, _ = read_delimited(base / "train.txt", None, 2, value_col=None)
         te_u, te_i, _ = read_delimited(base / test_file, None, 2, value_col=None)
+        check_disjoint(base / "train.txt", tr_u, tr_i, base / test_file, te_u, te_i)
         num_items = int(max(tr_i.max(), te_i.max())) + 1
         num_users = max(num_users, int(max(tr_u.max(), te_u.max())) + 1)
         domains.append(Domain(dom, num_items, tr_u, tr_i, te_u, te_i))

@@ -143,6 +143,9 @@ def resolve_root(spec: DatasetSpec, data_dir: Path, cache_dir: Path, download: b
         for f in spec.files:
             download_file(f, downloads)
         return downloads
+    if data_dir.exists() and not data_dir.is_dir():
+        raise DataError(f"data folder {data_dir}: not a directory; expected the folder holding the datasets "
+                        "(--data-dir or data.data_dir, docs/datasets.md)")
     lines = [f"dataset '{spec.name}' is missing {len(missing)} file(s):"]
     for f in missing:
         where = f" (downloadable: set data.download=true, or fetch {f.url}{' member ' + f.member if f.member else ''})" if f.url and f.sha256 else ""

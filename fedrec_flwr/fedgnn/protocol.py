@@ -13,8 +13,10 @@ rows of each user's anonymity set, in ascending item-id order].
 Client -> server (fit, phase "train"): users with three fields: the model gradients flattened into
 one vector (in the model's parameter order), the item ids, the item-row gradients; all protected
 by LDP; ids are the whole anonymity set, sorted, so nothing marks the real items. Phase
-"register": users with one field, the ids; its download is empty, or, with the popularity-matched
-sampler, [published item counts (float32[num_items])]. Phase "popularity" (round 0, only with that
+"register": users with two fields, the ids of the user's anonymity set and its test-rating count
+(int64[1], committed once: every later evaluation reply must report exactly the committed counts of its
+users); its download is empty, or, with the popularity-matched sampler, [published item counts
+(float32[num_items])]. Phase "popularity" (round 0, only with that
 sampler; nothing down): users with one field, each an LDP report of the user's items
 (uint8[num_items], `fedrec_flwr.privacy.popularity`).
 num_examples is the number of users: a count of ratings would tell the server how many items a
@@ -201,3 +203,12 @@ def published_popularity(arrays: list[np.ndarray], num_items: int) -> np.ndarray
     if len(arrays) != 1 or counts.shape != (num_items,) or not np.all(np.isfinite(counts)):
         raise ValueError(f"registration download must be empty or one finite float array of {num_items} item counts")
     return counts
+
+
+REGISTER_FIELDS = 2  # a registration's fields per user: the anonymity set, the committed test-rating count
+
+
+def frame_registration(users: list[int], sets: list[np.ndarray], test_counts: list[int]) -> list[np.ndarray]:
+    """A registration message: each user's anonymity set (int32 halves it) and its committed test-rating count."""
+    return frame_users(users, [[np.asarray(ids).astype(np.int32), np.array([int(n)], np.int64)]
+                               for ids, n in zip(sets, test_counts)], REGISTER_FIELDS)

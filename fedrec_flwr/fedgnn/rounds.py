@@ -45,6 +45,7 @@ from fedrec_flwr.fedgnn.protocol import (
     PHASE_POPULARITY,
     PHASE_REGISTER,
     PHASE_TRAIN,
+    REGISTER_FIELDS,
     TRAIN_FIELDS,
     array_bytes,
     frame_download,
@@ -63,7 +64,7 @@ from fedrec_flwr.messages import NodeReply, UploadRejected
 from fedrec_flwr.metrics import ErrorSums
 from fedrec_flwr.models.rating_gnn import row_width
 from fedrec_flwr.privacy.popularity import check_report
-from fedrec_flwr.results import RunRecorder, report_failure, report_final, report_round
+from fedrec_flwr.results import RunRecorder, failure_reason, report_failure, report_final, report_round
 
 if TYPE_CHECKING:
     from fedrec_flwr.config import AppConfig
@@ -72,10 +73,19 @@ log = logging.getLogger("fedrec_flwr.fedgnn")
 
 
 def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: int,
-                          max_users: int | None = None) -> list[tuple[int, np.ndarray]]:
-    """[(user, anonymity set)] of a registration message naming at most `max_users` users, each set checked;
+                          max_users: int | None = None) -> list[tuple[int, np.ndarray, int]]:
+    """[(user, anonymity set, committed test-rating count)] of a registration message naming at most `max_users`
+    users, each set checked and each count an integer in [0, set size] (a user's test items lie in its set);
     UploadRejected otherwise."""
-    return [(u, check_anonymity_set(a[0], num_items, min_rows)) for u, a in split_users(arrays, 1, max_users)]
+    out = []
+    for user, (ids, count) in split_users(arrays, REGISTER_FIELDS, max_users):
+        ids = check_anonymity_set(ids, num_items, min_rows)
+        count = np.asarray(count)
+        if count.shape != (1,) or not np.issubdtype(count.dtype, np.integer) or not 0 <= int(count[0]) <= ids.size:
+            raise UploadRejected(f"user {user}: test-rating count {count.tolist()!r}; expected one integer in "
+                                 f"[0, {ids.size}] (the user's test items lie in its anonymity set)")
+        out.append((user, ids, int(count[0])))
+    return out
 
 
 class FedGNNRounds:
@@ -103,6 +113,7 @@ class FedGNNRounds:
         self.train_rounds_done = 0
         self.rounds_not_applied = 0  # training rounds with fewer than min_clients accepted uploads
         self.scored_users: list[int] = []  # users of the accepted replies of the latest evaluation
+        self.test_counts: dict[int, int] = {}  # user -> the test-rating count it committed at registration
         self.reported_by: dict[int, int] = {}  # user -> the node its popularity report came from (round 0)
         self.rejections: list[tuple[int, str]] = []
         self.eval_rejections = 0
@@ -184,16 +195,17 @@ class FedGNNRounds:
             try:
                 claimed = validate_registration(reply.arrays, self.server.num_items, min_rows,
                                                 self.bindings.claim_limit(reply.node_id))
-                self.bindings.check_claim(reply.node_id, [u for u, _ in claimed])
-                for u, _ in claimed:
+                self.bindings.check_claim(reply.node_id, [u for u, _, _ in claimed])
+                for u, _, _ in claimed:
                     if self.reported_by.get(u, reply.node_id) != reply.node_id:
                         raise UploadRejected(f"user {u} sent its popularity report from another node")
             except UploadRejected as exc:
                 self.reject(logical_round, f"node {reply.node_id}: registration refused: {exc}")
                 continue
-            for user, ids in claimed:
+            for user, ids, test_count in claimed:
                 self.server.register(user, ids)
-            self.bindings.bind(reply.node_id, [u for u, _ in claimed])
+                self.test_counts[user] = test_count
+            self.bindings.bind(reply.node_id, [u for u, _, _ in claimed])
         record = {"round": logical_round, "phase": PHASE_REGISTER, "clients": len(replies),
                   "accepted": len(self.server.anonymity_sets), "nodes": len(self.bindings.nodes),
                   "rejected": self.rejected_in(logical_round), "bytes_down": 0.0, "bytes_up": 0.0,
@@ -293,9 +305,10 @@ class FedGNNRounds:
         if isinstance(n_raw, bool) or not isinstance(n_raw, (int, np.integer)) or n_raw < 0:
             raise UploadRejected(f"evaluation n = {n_raw!r}; expected a non-negative integer")
         n = int(n_raw)
-        most = sum(self.server.anonymity_sets[u].size for u in users)  # test items lie inside each anonymity set
-        if n > most:
-            raise UploadRejected(f"evaluation n = {n} exceeds the {most} items the node's users registered")
+        committed = sum(self.test_counts.get(u, 0) for u in users)
+        if n != committed:  # so a node weighs exactly its users' share of the test ratings, whatever it reports
+            raise UploadRejected(f"evaluation n = {n}; the node's evaluating users committed {committed} test ratings "
+                                 "at registration")
         if not (math.isfinite(sse) and math.isfinite(sae)) or sse < 0 or sae < 0:
             raise UploadRejected(f"evaluation sse = {sse}, sae = {sae}; expected finite and >= 0")
         span = self.rating_span  # replies are in reference units, as the devices' ratings are
@@ -350,13 +363,8 @@ class FedGNNRounds:
     def failure(self) -> str | None:
         """Why the run must not report a result, or None: no training round was applied (every one had fewer
         than min_clients accepted uploads), or no evaluation scored a test rating."""
-        if self.train_rounds_done and self.rounds_not_applied == self.train_rounds_done:
-            last = self.rejections[-1][1] if self.rejections else "no upload arrived"
-            return (f"no training round was applied: all {self.train_rounds_done} had fewer than "
-                    f"min_clients={self.federation.min_clients} accepted uploads (last refusal: {last})")
-        if not self.final:
-            return "no evaluation scored a test rating"
-        return None
+        return failure_reason(self.train_rounds_done, self.rounds_not_applied, self.federation.min_clients, self.rejections,
+                              bool(self.final), "no evaluation scored a test rating")
 
     def finish(self) -> None:
         """Write the final metrics, rejections, upload counts, privacy budget and the baselines on the scored

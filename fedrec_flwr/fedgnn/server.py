@@ -192,7 +192,7 @@ class FedGNNServer:
     def __init__(self, num_items: int, bias_init: float, *, model: ModelConfig, server_opt: ServerOptConfig,
                  merge: MergeConfig, privacy: PrivacyConfig, seed: int, device: torch.device | None = None,
                  num_item_features: int = 0):
-        self.num_items = num_items
+        self.num_items, self.num_item_features = num_items, num_item_features
         # `self.model` is the torch model; its section is `model_cfg`
         self.model_cfg, self.server_opt, self.merge, self.privacy, self.seed = model, server_opt, merge, privacy, seed
         self.dim = row_width(model)  # the width of an item row: the table's, every download's and upload's

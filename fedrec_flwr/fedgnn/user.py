@@ -332,6 +332,11 @@ class FedGNNUser:
             raise ValueError(f"item rows have shape {rows.shape}, expected {expected}")
         return rows
 
+    @property
+    def test_count(self) -> int:
+        """How many test ratings this user holds: committed at registration, and what its evaluations report as n."""
+        return int(self.data.test_items.size)
+
     def report_popularity(self) -> np.ndarray:
         """Round 0 of the popularity-matched sampler: the LDP report of this user's items."""
         return popularity_report(self.cfg, self.meta, self.data)
@@ -360,7 +365,7 @@ class FedGNNUser:
         if submit:
             client.submit(link.run_id, self.state.handle, self.state.embedding, item_tokens(link.key, self.data.train_items))
         if fetch:
-            self.state.neighbours = client.neighbours(link.run_id, self.state.handle).astype(np.float32)
+            self.state.neighbours = client.neighbours(link.run_id, self.state.handle, dim=self.cfg.model.dim).astype(np.float32)
         self.store.save(self.user, self.state, server_round)
         return int(self.state.neighbours.shape[0])
 

@@ -6,8 +6,8 @@ exactly one implementation:
 1. download: each domain gets the global Gaussians of its own users (plaintext), or the summed
    ciphertexts and domain counts of its users (Paillier, `fppdm.secure.enabled`);
 2. train: validate each domain's upload (user ids distinct and in range, shapes, dtypes; in
-   plaintext also mu and sigma finite, |mu| <= `fppdm.server.max_abs_mu`, 0 < sigma <=
-   `fppdm.server.max_sigma`, or sigma = 0 for point embeddings), then, if at least `federation.min_clients` uploads were accepted, the
+   plaintext also mu and sigma finite, |mu| and 0 < sigma within `value_bounds` (the model's scale, or
+   `fppdm.server.max_abs_mu` / `max_sigma`), or sigma = 0 for point embeddings), then, if at least `federation.min_clients` uploads were accepted, the
    per-user closed-form W2 barycenter over the domains holding each user (in plaintext, or as a
    product of ciphertexts the domains decrypt); fewer leave the global users unchanged;
 3. evaluate: every `eval_every` rounds and at the end each domain reports HR@K / NDCG@K on its own
@@ -36,18 +36,34 @@ from fedrec_flwr.fppdm.secure_barycenter import per_user_ciphertexts, sum_encryp
 from fedrec_flwr.messages import NodeReply, UploadRejected, array_bytes
 from fedrec_flwr.node_list import load_node_list
 from fedrec_flwr.privacy.paillier_pack import FixedPointPacker, ciphertexts_to_array
-from fedrec_flwr.results import RunRecorder, report_failure, report_final, report_round
+from fedrec_flwr.results import RunRecorder, failure_reason, report_failure, report_final, report_round
 
 if TYPE_CHECKING:
     from fedrec_flwr.config import AppConfig
 
 log = logging.getLogger("fedrec_flwr.fppdm")
 
-MAX_ABS_MU = FPPDMServerConfig.max_abs_mu  # default largest |mu| a domain may upload
-MAX_SIGMA = FPPDMServerConfig.max_sigma  # default largest sigma a domain may upload
+SCALE_MULTIPLE = 4.0  # how many sqrt(margin) an honest coordinate may reach (measured: under 0.7 of one)
+MAX_ABS_MU = SCALE_MULTIPLE  # the derived bounds at the default margin of 1
+MAX_SIGMA = 1.0 + SCALE_MULTIPLE
 
 __all__ = ["MAX_ABS_MU", "MAX_SIGMA", "EncryptedUpload", "FPPDMRounds", "NodeReply", "UserGaussians",
-           "validate_distributions", "validate_encrypted"]
+           "validate_distributions", "validate_encrypted", "value_bounds"]
+
+
+def value_bounds(server: FPPDMServerConfig, margin: float) -> tuple[float, float]:
+    """(largest |mu|, largest sigma) an honest domain uploads, or a barycenter of honest uploads can be: the
+    configured `fppdm.server.max_abs_mu` / `max_sigma`, or where 0, derived from the model's own scale.
+
+    The derivation: users and items start at mu ~ N(0, 0.1^2) and sigma = ELU(raw) + 1 ~ 1, and the only
+    force that spreads them is the hinge `margin + W2^2(u, pos) - W2^2(u, neg)`, which stops pulling once a
+    negative is `margin` further (in squared W2) than a positive; the pull towards the barycenter only
+    contracts. So no coordinate needs to move more than a few sqrt(margin) from its start: mu within
+    SCALE_MULTIPLE sqrt(margin), sigma within 1 + SCALE_MULTIPLE sqrt(margin). Measured honest maxima: |mu|
+    0.26 and sigma 1.24 on synthetic-md3 (5 rounds), |mu| 0.68 and sigma 1.60 on Douban Book + Music (its
+    12-round preset), a sixth of the bound or less."""
+    reach = SCALE_MULTIPLE * math.sqrt(margin)
+    return (server.max_abs_mu or reach, server.max_sigma or 1.0 + reach)
 
 
 class EncryptedUpload(NamedTuple):
@@ -112,12 +128,20 @@ class FPPDMRounds:
 
     def __init__(self, num_users: int, model: FPPDMModelConfig, server: FPPDMServerConfig,
                  secure: SecureAggregationConfig, federation: FederationConfig,
-                 recorder: RunRecorder | None = None, listed: set[int] | None = None):
+                 recorder: RunRecorder | None = None, listed: dict[int, int] | None = None,
+                 domain_names: list[str] | None = None, topk: list[int] | tuple[int, ...] = (5, 10),
+                 margin: float = 1.0):
         self.num_users, self.recorder = num_users, recorder
         self.model, self.server, self.secure, self.federation = model, server, secure, federation
-        # deployment: the SuperNodes of the operator's node list; unlisted nodes contribute nothing (None: any node)
+        # deployment: node -> its domain index, from the operator's node list; unlisted nodes contribute
+        # nothing (None: any node, simulation)
         self.listed = listed
+        self.domain_names = domain_names  # the dataset's domain names, in index order (None: not known)
+        self.expected_metrics = {f"{m}@{k}" for k in topk for m in ("hr", "ndcg")}  # what an evaluation reply carries
+        self.domain_of_node: dict[int, str] = {}  # the domain each node evaluated as (bound at its first reply)
+        self.pinned_modulus: int | None = None  # Paillier: the one public modulus every domain must use
         self.dim = model.dim
+        self.max_abs_mu, self.max_sigma = value_bounds(server, margin)
         self.packer = FixedPointPacker(key_bits=secure.key_bits)
         self.per_user_cts = per_user_ciphertexts(self.packer, self.dim)
         self.global_users = _empty_users(self.dim)  # plaintext barycenters, ids sorted
@@ -129,12 +153,15 @@ class FPPDMRounds:
 
     @classmethod
     def from_config(cls, cfg: AppConfig, num_users: int, recorder: RunRecorder | None = None,
-                    num_domains: int = 0) -> FPPDMRounds:
-        """The round core of one run: its FPPDM sections, its schedule, and the operator's node list
-        {node id: [domain index]} when `deployment.node_list` names one."""
-        listed = set(load_node_list(cfg.deployment.node_list, num_domains)) if cfg.deployment.node_list else None
+                    num_domains: int = 0, domain_names: list[str] | None = None) -> FPPDMRounds:
+        """The round core of one run: its FPPDM sections, its schedule, the dataset's domain names, and the
+        operator's node list {node id: [domain index]} when `deployment.node_list` names one."""
+        listed = None
+        if cfg.deployment.node_list:
+            listed = {node: min(ids) for node, ids in load_node_list(cfg.deployment.node_list, num_domains).items() if ids}
         f = cfg.fppdm
-        return cls(num_users, f.model, f.server, f.secure, cfg.federation, recorder, listed)
+        return cls(num_users, f.model, f.server, f.secure, cfg.federation, recorder, listed, domain_names,
+                   f.evaluation.topk, f.training.margin)
 
     # -- bookkeeping -----------------------------------------------------------------
     def reject(self, server_round: int, reason: str) -> None:
@@ -173,9 +200,13 @@ class FPPDMRounds:
             if self.listed is not None and reply.node_id not in self.listed:
                 raise UploadRejected("this SuperNode is not a domain of deployment.node_list")
             if self.secure.enabled:
-                return validate_encrypted(reply.arrays, self.num_users, self.per_user_cts, self.secure.key_bits)
-            return validate_distributions(reply.arrays, self.num_users, self.dim, gaussian=self.model.gaussian,
-                                          max_abs_mu=self.server.max_abs_mu, max_sigma=self.server.max_sigma)
+                upload = validate_encrypted(reply.arrays, self.num_users, self.per_user_cts, self.secure.key_bits)
+            else:
+                upload = validate_distributions(reply.arrays, self.num_users, self.dim, gaussian=self.model.gaussian,
+                                                max_abs_mu=self.max_abs_mu, max_sigma=self.max_sigma)
+            if upload.ids.size == 0:  # counts toward nothing: min_clients means domains that sent users
+                raise UploadRejected("an upload without users")
+            return upload
         except UploadRejected as exc:
             self.reject(server_round, f"node {reply.node_id}: {exc}")
             return None
@@ -193,6 +224,10 @@ class FPPDMRounds:
                 continue
             uploads.append(upload)
             self.domain_users[reply.node_id] = upload.ids
+        if self.train_rounds == 0 and not uploads and (failures or replies):  # nothing can start: say why now
+            reasons = [why for r, why in self.rejections if r == server_round][:3]
+            raise RuntimeError(f"round {server_round}: no domain's upload was accepted, so the run cannot start: "
+                               + "; ".join(reasons))
         applied = len(uploads) >= self.federation.min_clients
         self.train_rounds += 1
         if not applied:
@@ -217,15 +252,23 @@ class FPPDMRounds:
         """Multiply ciphertexts per user across domains; each domain gets back its users' sums and counts.
         False (the round is not aggregated) when the domains used different keys or too many domains
         would overflow the fixed-point slots."""
-        moduli = {int.from_bytes(u.public_n.tobytes(), "big") for u in uploads}
-        if len(moduli) != 1:
-            self.reject(server_round, f"domains sent {len(moduli)} different public keys; round not aggregated")
+        moduli = [int.from_bytes(u.public_n.tobytes(), "big") for u in uploads]
+        if self.pinned_modulus is None:
+            if len(set(moduli)) != 1:  # the domains hold different key files: nothing they send can be summed
+                raise RuntimeError(f"the domains sent {len(set(moduli))} different Paillier public keys in round "
+                                   f"{server_round}: every domain must load the same fppdm.secure.key_file")
+            self.pinned_modulus = moduli[0]
+        kept = [u for u, n in zip(uploads, moduli) if n == self.pinned_modulus]
+        for _ in range(len(uploads) - len(kept)):
+            self.reject(server_round, "an upload under another Paillier public key than the run's")
+        if len(kept) < self.federation.min_clients:
             return False
+        uploads = kept
         if len(uploads) > self.packer.max_terms:
             self.reject(server_round, f"{len(uploads)} domain uploads exceed the {self.packer.max_terms} that "
                                       "fixed-point slots can sum; round not aggregated")
             return False
-        sums, counts = sum_encrypted([(u.ids, u.ciphertexts) for u in uploads], moduli.pop(), self.per_user_cts)
+        sums, counts = sum_encrypted([(u.ids, u.ciphertexts) for u in uploads], self.pinned_modulus, self.per_user_cts)
         for node_id, ids in self.domain_users.items():
             if not all(u in sums for u in ids.tolist()):  # a domain whose latest upload was refused
                 ids = np.asarray([u for u in ids.tolist() if u in sums], np.int64)
@@ -240,45 +283,68 @@ class FPPDMRounds:
         fed = self.federation
         return server_round % fed.eval_every == 0 or server_round == fed.rounds
 
-    @staticmethod
-    def check_eval_reply(reply: NodeReply) -> tuple[str, dict[str, float]] | None:
+    def check_eval_reply(self, reply: NodeReply) -> tuple[str, dict[str, float]] | None:
         """(domain name, its HR@K / NDCG@K and "ranked": how many test users it ranked) of one evaluation
         reply; None when the domain has no test user; UploadRejected when the reply is not one an honest
-        domain could send."""
+        domain could send: a metric missing or extra, a value outside [0, 1], a domain name the dataset does
+        not have, or not the node's own (the node list's in deployment; the name it first evaluated as)."""
         m = reply.metrics
         n = m.get("n", 0)
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise UploadRejected(f"evaluation n = {n!r}; expected a non-negative integer")
         if n == 0:
             return None
-        if not isinstance(m.get("domain"), str):
+        name = m.get("domain")
+        if not isinstance(name, str):
             raise UploadRejected("evaluation reply needs the domain's name")
+        if self.domain_names is not None and name not in self.domain_names:
+            raise UploadRejected(f"evaluation names domain {name!r}; the dataset's domains are {self.domain_names}")
+        if self.listed is not None and self.domain_names is not None:
+            own = self.domain_names[self.listed[reply.node_id]] if reply.node_id in self.listed else None
+            if name != own:
+                raise UploadRejected(f"evaluation names domain {name!r}; the node list assigns this node {own!r}")
+        bound = self.domain_of_node.get(reply.node_id)
+        if bound is not None and bound != name:
+            raise UploadRejected(f"evaluation names domain {name!r}; this node evaluated as {bound!r} before")
+        if any(d == name for node, d in self.domain_of_node.items() if node != reply.node_id):
+            raise UploadRejected(f"domain {name!r} is already evaluated by another node")
+        got = {k for k in m if "@" in k}
+        if got != self.expected_metrics:
+            missing, extra = sorted(self.expected_metrics - got), sorted(got - self.expected_metrics)
+            raise UploadRejected(f"evaluation metrics missing {missing} / unexpected {extra}; expected exactly "
+                                 f"{sorted(self.expected_metrics)}")
         scores = {"ranked": int(n)}
-        for k, v in m.items():
-            if "@" not in k:
-                continue
+        for k in sorted(got):
             try:
-                x = float(v)
+                x = float(m[k])
             except (TypeError, ValueError):
-                raise UploadRejected(f"evaluation {k} = {v!r}; expected a number") from None
+                raise UploadRejected(f"evaluation {k} = {m[k]!r}; expected a number") from None
             if not (math.isfinite(x) and 0.0 <= x <= 1.0):
                 raise UploadRejected(f"evaluation {k} = {x}; expected a finite value in [0, 1]")
             scores[k] = x
-        return m["domain"], scores
+        return name, scores
 
     def evaluate(self, server_round: int, replies: list[NodeReply]) -> dict[str, float] | None:
-        """Mean over domains of each metric (None when no domain reported); per-domain values are recorded."""
-        per_domain: dict[str, dict[str, float]] = {}
+        """Mean over domains of each metric (None when no domain reported); per-domain values are recorded.
+
+        A node is bound to the domain it first evaluates as; two nodes naming the same domain in one round
+        are both refused (no first come, first served)."""
+        claims: list[tuple[int, str, dict[str, float]]] = []
         for reply in replies:
             try:
                 checked = self.check_eval_reply(reply)
-                if checked is not None and checked[0] in per_domain:
-                    raise UploadRejected(f"a second evaluation of domain {checked[0]!r}")
             except UploadRejected as exc:
                 self.reject(server_round, f"node {reply.node_id}: {exc}")
                 continue
             if checked is not None:
-                per_domain[checked[0]] = checked[1]
+                claims.append((reply.node_id, *checked))
+        per_domain: dict[str, dict[str, float]] = {}
+        for node, name, scores in claims:
+            if sum(1 for _, other, _ in claims if other == name) > 1:
+                self.reject(server_round, f"node {node}: domain {name!r} is evaluated by more than one node")
+                continue
+            self.domain_of_node[node] = name
+            per_domain[name] = scores
         if not per_domain:
             return None
         keys = sorted({k for m in per_domain.values() for k in m} - {"ranked"})
@@ -291,13 +357,8 @@ class FPPDMRounds:
     def failure(self) -> str | None:
         """Why the run must not report a result, or None: no round was applied (every one had fewer than
         min_clients accepted uploads), or no domain's evaluation was accepted."""
-        if self.train_rounds and self.rounds_not_applied == self.train_rounds:
-            last = self.rejections[-1][1] if self.rejections else "no upload arrived"
-            return (f"no training round was applied: all {self.train_rounds} had fewer than "
-                    f"min_clients={self.federation.min_clients} accepted uploads (last refusal: {last})")
-        if not self.final:
-            return "no domain's evaluation was accepted"
-        return None
+        return failure_reason(self.train_rounds, self.rounds_not_applied, self.federation.min_clients, self.rejections,
+                              bool(self.final), "no domain's evaluation was accepted")
 
     def finish(self) -> None:
         """Write the final metrics and the rejections, and print them; a run that `failure` names is marked

@@ -28,7 +28,12 @@ def domain_crypto(secure: SecureAggregationConfig) -> tuple[DomainKeys, FixedPoi
     if not secure.key_file:
         raise ValueError("fppdm.secure.enabled needs fppdm.secure.key_file: create one with "
                          "`python -m fedrec_flwr.privacy.paillier_pack --out FILE` and give it to every domain")
-    return DomainKeys.load(Path(secure.key_file)), FixedPointPacker(key_bits=secure.key_bits)
+    keys = DomainKeys.load(Path(secure.key_file))
+    bits = keys.public.n.bit_length()
+    if abs(bits - secure.key_bits) > 1:  # phe's n of n_length bits may come out one bit short
+        raise ValueError(f"fppdm.secure.key_file {secure.key_file} holds a {bits}-bit Paillier key; "
+                         f"fppdm.secure.key_bits = {secure.key_bits} (the fixed-point slots are sized by it)")
+    return keys, FixedPointPacker(key_bits=secure.key_bits)
 
 
 def per_user_ciphertexts(packer: FixedPointPacker, dim: int) -> int:
