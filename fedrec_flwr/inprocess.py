@@ -37,8 +37,9 @@ def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int],
         rounds.popularity(0, [NodeReply(u, frame_users([u], [[user(u).report_popularity()]], 1)) for u in users],
                           time.time())
     popularity = published_popularity(rounds.server.registration_download(), rounds.server.num_items)
-    rounds.register(1, [NodeReply(u, frame_registration([u], [user(u).register(popularity)], [user(u).test_count]))
-                        for u in users], time.time())
+    devices = [user(u) for u in users]  # each built once: it reads the user's data
+    rounds.register(1, [NodeReply(d.user, frame_registration([d.user], [d.register(popularity)], [d.test_count]))
+                        for d in devices], time.time())
 
 
 def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,

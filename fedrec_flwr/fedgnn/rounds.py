@@ -339,11 +339,9 @@ class FedGNNRounds:
             return None
         sse, sae = math.fsum(sse_parts), math.fsum(sae_parts)  # exact: independent of arrival order
         factor = 1.0 if self.public_scale is None else self.public_scale.unit_factor  # reference units -> the dataset's
-        metrics = {"rmse": math.sqrt(sse / n) * factor, "mae": sae / n * factor, "eval_ratings": n,
-                   **({} if self.test_ratings is None else {"test_ratings": self.test_ratings}),
-                   "eval_failures": failures, "eval_rejected": self.eval_rejections}
-        self.final = {"rmse": metrics["rmse"], "mae": metrics["mae"], "eval_ratings": n,
+        self.final = {"rmse": math.sqrt(sse / n) * factor, "mae": sae / n * factor, "eval_ratings": n,
                       **({} if self.test_ratings is None else {"test_ratings": self.test_ratings})}
+        metrics = {**self.final, "eval_failures": failures, "eval_rejected": self.eval_rejections}
         self.scored_users = sorted(scored)
         self.record({"round": logical_round, **metrics})
         return metrics
