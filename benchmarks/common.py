@@ -9,19 +9,14 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
+from fedrec_flwr.sweep import fedrec_run as fedrec_run  # one `fedrec run` call in this process (re-exported)
+
 DATA_DIR = "data"
 
 
 def add_data_dir(ap: argparse.ArgumentParser) -> None:
     """The `--data-dir` argument every script that reads a registry dataset takes."""
     ap.add_argument("--data-dir", default=DATA_DIR, help="folder holding the datasets (default: ./data)")
-
-
-def fedrec_run(argv: Sequence[str]) -> None:
-    """`fedrec run ARGV` in this process: one run through `flwr run` (or --centralized / --in-process)."""
-    from fedrec_flwr.cli import main
-
-    main(["run", *argv])
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -21,8 +21,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.common import add_data_dir
-from benchmarks.sweep import load_sweep, run_missing
-from fedrec_flwr.fedgnn.protocol import PHASE_TRAIN
+from fedrec_flwr.sweep import load_sweep, run_missing, run_record
 
 GNNS = ("gat", "gcn", "ggnn")
 MODES = ("none", "trainable", "fixed")
@@ -82,24 +81,6 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def cell_record(res: dict) -> dict:
-    """What a cell keeps beside its final metrics: mean neighbours per user after the last expansion
-    (0 without), the RMSE after every evaluated training round (to see that the curve flattened;
-    keyed by training rounds done, so registration and expansion rounds do not shift the keys), and
-    the accounted budget of the run (`results.json` "privacy")."""
-    rounds = res.get("rounds", [])
-    counts = [h["mean_neighbours"] for h in rounds if "mean_neighbours" in h]
-    curve, trained = {}, 0
-    for h in rounds:
-        trained += h.get("phase") == PHASE_TRAIN
-        if "rmse" in h:
-            curve[str(trained)] = h["rmse"]
-    record = {"neighbours_mean": counts[-1] if counts else 0.0, "rmse_by_round": curve}
-    if res.get("privacy"):
-        record["privacy"] = res["privacy"]
-    return record
-
-
 def main() -> None:
     """Run every missing cell, save after each, print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -116,7 +97,7 @@ def main() -> None:
     doc = load_sweep(out, args.datasets, {"preset": preset, "settings": settings})
     cells = [({"dataset": d, "gnn": g, "mode": m, "seed": s}, command(d, g, m, s, args.data_dir, args.protocol))
              for d in args.datasets for s in args.seeds for g in args.gnns for m in args.modes]
-    run_missing(doc, out, cells, "expansion_table", extra=cell_record)
+    run_missing(doc, out, cells, "expansion_table", extra=run_record)
     print(table(doc))
 
 

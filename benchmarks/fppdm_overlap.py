@@ -7,7 +7,8 @@ far the barycenter moves a shared user.
 Variants: single_domain, and fppdm with fppdm.training.lambda_p at 0 (fppdm_lp0), its default (fppdm)
 and 4x its default (fppdm_lp4x); `--only NAME ...` runs some of them.
 Every other setting comes from the config files (the preset and `conf/datasets/<dataset>.yaml`,
-section `algorithms.fppdm`). Each variant runs its `federation.rounds` rounds in this process, without
+section `algorithms.fppdm`), and from `--set key=value ...` overrides given to every variant (e.g. a
+short schedule on `--dataset synthetic-md2`). Each variant runs its `federation.rounds` rounds in this process, without
 Flower: every domain's `DomainTrainer.train` towards what the round core (`FPPDMRounds`) sends it, its
 users' (ids, mu, sigma) back to the round core, which validates them and computes the barycenters.
 
@@ -41,9 +42,10 @@ import numpy as np
 import torch
 
 from benchmarks.common import add_data_dir
-from fedrec_flwr.config import AppConfig, load_config
+from fedrec_flwr.config import AppConfig, load_config, parse_overrides
 from fedrec_flwr.data import MultiDomainDataset, load_multidomain
-from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer, positive_ranks, rank_metrics
+from fedrec_flwr.fppdm.analysis import space_scale, user_ranks, w2
+from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer, rank_metrics
 from fedrec_flwr.fppdm.rounds import FPPDMRounds
 from fedrec_flwr.messages import NodeReply
 
@@ -60,44 +62,10 @@ def variants(dataset: str, overrides: list[str]) -> dict[str, AppConfig]:
             "fppdm_lp4x": load_config("fppdm", dataset, [*overrides, f"fppdm.training.lambda_p={4 * lam!r}"])}
 
 
-def user_ranks(trainer: DomainTrainer, evaluation, replace: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-               ) -> np.ndarray:
-    """0-based rank of each test user's positive against the negatives `DomainTrainer.evaluate` draws (its
-    seed), so that groups of users can be scored apart. `replace` = (local user rows, mu, sigma): those
-    users are ranked with the given distributions (e.g. their barycenters) instead of their own."""
-    with torch.no_grad():
-        mu, sigma = (t.cpu().numpy().copy() for t in trainer.model())
-    if replace is not None:
-        rows, mu_rows, sigma_rows = replace
-        mu[rows], sigma[rows] = mu_rows, sigma_rows
-    return positive_ranks(trainer.data, mu, sigma, evaluation, trainer.evaluation_seed)
-
-
 def group_metrics(ranks: np.ndarray, topk: list[int]) -> dict[str, float]:
     """Users and HR@K / NDCG@K of one group of test users' ranks."""
     out = rank_metrics(ranks, topk)
     return {"users": out.pop("n"), **out}
-
-
-def w2(mu_a: np.ndarray, sigma_a: np.ndarray, mu_b: np.ndarray, sigma_b: np.ndarray) -> np.ndarray:
-    """Row-wise W2 distance between diagonal Gaussians: sqrt(|mu_a - mu_b|^2 + |sigma_a - sigma_b|^2)."""
-    return np.sqrt(((mu_a - mu_b) ** 2).sum(-1) + ((sigma_a - sigma_b) ** 2).sum(-1))
-
-
-def space_scale(mu: np.ndarray, sigma: np.ndarray, block: int = 1024) -> dict[str, float]:
-    """Mean W2 over all pairs of distinct users and mean W2 to the nearest other user: the space's scale."""
-    x = np.concatenate([mu, sigma], 1).astype(np.float64)
-    sq = (x * x).sum(1)
-    total, nearest = 0.0, np.empty(x.shape[0])
-    for start in range(0, x.shape[0], block):
-        d = np.sqrt(np.maximum(sq[start:start + block, None] + sq[None, :] - 2 * x[start:start + block] @ x.T, 0))
-        rows = np.arange(start, min(start + block, x.shape[0]))
-        d[rows - start, rows] = 0.0
-        total += d.sum()
-        d[rows - start, rows] = np.inf
-        nearest[rows] = d.min(1)
-    n = x.shape[0]
-    return {"random_pair_w2": float(total / (n * (n - 1))), "nearest_user_w2": float(nearest.mean())}
 
 
 def run_variant(cfg: AppConfig, ds: MultiDomainDataset) -> dict:
@@ -220,6 +188,7 @@ def main() -> None:
     add_data_dir(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", default=None, help="names of the variants to run (default: all)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for every variant")
     ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/fppdm_overlap_seed<S>.json")
     ap.add_argument("--summarise", nargs="+", type=Path, default=None, metavar="JSON",
                     help="print the seed summary of these result files instead of running")
@@ -229,7 +198,8 @@ def main() -> None:
         return
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     t0 = time.time()
-    configs = variants(args.dataset, [f"data.data_dir={args.data_dir}", f"seed={args.seed}"])
+    configs = variants(args.dataset, [f"data.data_dir={args.data_dir}", f"seed={args.seed}",
+                                      *parse_overrides(" ".join(args.set))])
     if args.only:
         if unknown := sorted(set(args.only) - set(configs)):
             ap.error(f"unknown variants {unknown}; choose from {list(configs)}")

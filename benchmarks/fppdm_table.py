@@ -21,8 +21,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from benchmarks.common import add_data_dir
-from benchmarks.sweep import load_sweep, run_missing
 from fedrec_flwr.config import dataset_conf_path
+from fedrec_flwr.sweep import load_sweep, run_missing
 
 PRESETS = ("single_domain", "fedavg_lightgcn", "fppdm", "fppdm_pp")
 

@@ -8,7 +8,8 @@ table's singular values, how many of them exceed the Gavish-Donoho optimal hard 
 components a matrix in i.i.d. noise lets one tell apart from that noise), and the RMSE when every
 user evaluates against the table cut down to its top r singular directions. If privacy-on RMSE
 barely changes when the table keeps only a handful of directions, while privacy-off RMSE does,
-the noise, not the model, decides what the private table can hold. Writes JSON to --out.
+the noise, not the model, decides what the private table can hold. The probe is
+`fedrec_flwr.fedgnn.spectrum.spectrum_probe`. Writes JSON to --out.
 """
 
 from __future__ import annotations
@@ -20,42 +21,15 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
-import numpy as np
 import torch
 
 from benchmarks.common import add_data_dir
 from fedrec_flwr.config import load_config, parse_overrides
+from fedrec_flwr.fedgnn.spectrum import spectrum_probe
 from fedrec_flwr.inprocess import run_in_process
 
 PRIVACY_OFF = ["privacy.ldp=false", "privacy.pseudo_items=0"]
-
-
-def gavish_donoho_threshold(singular_values: np.ndarray, shape: tuple[int, int]) -> float:
-    """Optimal hard threshold for the singular values of an n x d matrix observed in i.i.d. noise of
-    unknown level (Gavish & Donoho 2014): omega(beta) x median singular value, beta = min/max side."""
-    beta = min(shape) / max(shape)
-    omega = 0.56 * beta**3 - 0.95 * beta**2 + 1.82 * beta + 1.43
-    return omega * float(np.median(singular_values))
-
-
-def rank_cuts(table: np.ndarray, ranks: list[int]) -> dict[int, np.ndarray]:
-    """The best rank-r approximation of `table` (Eckart-Young) for every r in `ranks`, from one SVD, as float32."""
-    u, sv, vt = np.linalg.svd(np.asarray(table, np.float64), full_matrices=False)
-    return {r: ((u[:, :r] * sv[:r]) @ vt[:r]).astype(np.float32) for r in ranks}
-
-
-def spectrum_probe(ranks: list[int], keep_values: int = 40) -> Callable:
-    """A `run_in_process` probe recording the item table's spectrum and the RMSE at each truncation rank."""
-    def probe(server, rmse) -> dict:
-        table = server.items.detach().cpu().numpy().astype(np.float64)
-        sv = np.linalg.svd(table, compute_uv=False)
-        threshold = gavish_donoho_threshold(sv, table.shape)
-        at_rank = {str(r): rmse(cut) for r, cut in rank_cuts(table, ranks).items()}
-        return {"singular_values": sv[:keep_values].round(4).tolist(), "gd_threshold": round(threshold, 4),
-                "gd_rank": int((sv > threshold).sum()), "rmse_at_rank": at_rank}
-    return probe
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,13 +6,17 @@
     fedrec baselines --dataset D [D ...] [--data-dir DATA]
     fedrec summary [RUN_DIR]
     fedrec plot [RUN_DIR ...] [--out DIR]
+    fedrec results-page [--write]
 
 `run` launches one run through `flwr run` (default), trains the centralized reference, or drives FedGNN's
 round core in this process without Flower (`--in-process`, for sweeps); it prints the summary and, as its
-last line, the final metrics as JSON. A run that fails exits 1 with the reason as its last line. A bad
-flag, setting, data file, folder, node list or results file prints one line naming it and what was
-expected, and exits 2. No error prints a traceback, unless `--debug` (before or after the command) is
-given: then errors are re-raised, and `flwr run`'s tracebacks are streamed too.
+last line, the final metrics as JSON. `results-page` prints the headline table that the committed results
+(benchmarks/results/*.json) give, or with `--write` puts it into BENCHMARKS.md and README.md.
+
+A run that fails exits 1 with the reason as its last line. A bad flag, setting, data file, folder, node
+list or results file prints one line naming it and what was expected, and exits 2. No error prints a
+traceback, unless `--debug` (before or after the command) is given: then errors are re-raised, and
+`flwr run`'s tracebacks are streamed too.
 """
 
 from __future__ import annotations
@@ -78,7 +82,10 @@ def _parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="PNG charts of one or more runs")
     plot.add_argument("run_dirs", nargs="*", default=["outputs/latest"])
     plot.add_argument("--out", default="", help="folder for the PNGs (default: <first run>/plots)")
-    for command in (run, config, baselines, summary, plot):  # `fedrec run --debug` works as `fedrec --debug run`
+
+    page = sub.add_parser("results-page", help="the headline table of BENCHMARKS.md and README.md, from benchmarks/results")
+    page.add_argument("--write", action="store_true", help="replace the marked blocks in BENCHMARKS.md and README.md")
+    for command in (run, config, baselines, summary, plot, page):  # `fedrec run --debug` works as `fedrec --debug run`
         _add_debug(command, argparse.SUPPRESS)
     return ap
 
@@ -188,7 +195,18 @@ def _plot(args: argparse.Namespace) -> None:
         print(path)
 
 
-COMMANDS = {"run": _run, "config": _config, "baselines": _baselines, "summary": _summary, "plot": _plot}
+def _results_page(args: argparse.Namespace) -> None:
+    from fedrec_flwr.results_page import ROOT, table, write
+
+    if args.write:
+        for path in write():
+            print(f"wrote {path.relative_to(ROOT)}")
+    else:
+        print(table())
+
+
+COMMANDS = {"run": _run, "config": _config, "baselines": _baselines, "summary": _summary, "plot": _plot,
+            "results-page": _results_page}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,6 @@
 """The project's modules import each other without a circle, and the layers point one way: the data layer
-does not import the run's config, the algorithm registry does not import the data layer. Every import
+does not import the run's config, the algorithm registry does not import the data layer, and neither the
+product nor its tests and deployment scripts import the measurement scripts (benchmarks/). Every import
 counts, at module level or inside a function (a lazy import is still a dependency). Reads source only."""
 
 from __future__ import annotations
@@ -31,26 +32,32 @@ def _resolve(name: str, known: dict[str, Path]) -> str | None:
     return None
 
 
+def _imported_names(path: Path, package: str) -> list[str]:
+    """Every name an import in the file at `path` loads (anywhere in its body), relative ones made absolute
+    from `package`; `from a import b` gives both `a.b` and `a`."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names += [f"{base}.{a.name}" for a in node.names] + [base]
+    return names
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module -> the project modules it imports (anywhere in its body)."""
     known = _modules()
     graph: dict[str, set[str]] = {m: set() for m in known}
     for module, path in known.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names: list[str] = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join([*anchor, *([base] if base else [])])
-                names = [f"{base}.{a.name}" for a in node.names] + [base]
-            for name in names:
-                target = _resolve(name, known)
-                if target is not None and target != module:
-                    graph[module].add(target)
+        for name in _imported_names(path, package):
+            target = _resolve(name, known)
+            if target is not None and target != module:
+                graph[module].add(target)
     return graph
 
 
@@ -112,6 +119,19 @@ def test_the_data_layer_does_not_import_the_run_config():
 
 def test_the_algorithm_registry_does_not_import_the_data_layer():
     assert _reaches(import_graph(), "fedrec_flwr.algorithms", "fedrec_flwr.data") == []
+
+
+def test_neither_the_product_nor_its_tests_and_deployment_import_the_benchmarks():
+    """benchmarks/ holds measurement scripts only: a check users rely on lives in tests/ and imports the product
+    (a benchmark is run as a subprocess, which is not an import)."""
+    files = [p for folder in (*PACKAGES, "tests", "deploy") for p in sorted((ROOT / folder).rglob("*.py"))]
+    assert any(p.parent.name == "tests" for p in files) and any(p.parent.name == "deploy" for p in files)
+    found = []
+    for path in files:
+        rel = path.relative_to(ROOT)
+        package = ".".join(rel.parent.parts)  # a relative import inside tests/ or deploy/ stays there
+        found += [(str(rel), n) for n in _imported_names(path, package) if n == "benchmarks" or n.startswith("benchmarks.")]
+    assert found == []
 
 
 def test_the_graph_sees_lazy_and_relative_imports():

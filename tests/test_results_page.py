@@ -1,6 +1,6 @@
-"""BENCHMARKS.md and README.md as a results page: the headline tables are what benchmarks.headline
-generates from the committed results JSONs, every row names a JSON that exists, and the pages
-describe the project rather than its development. Reads files only (no training)."""
+"""BENCHMARKS.md and README.md as a results page: the headline tables are what `fedrec results-page`
+(fedrec_flwr.results_page) generates from the committed results JSONs, every row names a JSON that exists,
+and the pages describe the project rather than its development. Reads files only (no training)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from benchmarks import headline
+from fedrec_flwr import results_page
+from fedrec_flwr.cli import main
 
-ROOT = headline.ROOT
+ROOT = results_page.ROOT
 
 # Words of a development log, not of a results page. Word boundaries keep legitimate text out
 # ("possession"; a file name such as fedgnn_sweep_<...>.json is not prose).
@@ -31,22 +32,22 @@ def _text(name: str) -> str:
     return (ROOT / name).read_text()
 
 
-@pytest.mark.parametrize("name, start, end, which", headline.BLOCKS)
+@pytest.mark.parametrize("name, start, end, which", results_page.BLOCKS)
 def test_the_headline_block_is_the_generated_table(name, start, end, which):
     text = _text(name)
     assert text.count(start) == 1 and text.count(end) == 1, f"{name}: one pair of headline markers"
-    assert headline.current_block(text, start, end) == headline.block(start, end, which), (
-        f"{name}: the headline table differs from `python -m benchmarks.headline` "
-        "(a number edited by hand or a stale table): run `python -m benchmarks.headline --write`")
+    assert results_page.current_block(text, start, end) == results_page.block(start, end, which), (
+        f"{name}: the headline table differs from `fedrec results-page` "
+        "(a number edited by hand or a stale table): run `fedrec results-page --write`")
 
 
 def test_every_headline_row_names_an_existing_json_and_selects_one_run_per_seed():
-    assert headline.ROWS
-    for row in headline.ROWS:
-        assert (headline.RESULTS / row.source).is_file(), row.source
-        vals = headline.values(row)  # raises on an empty selection or a seed counted twice
+    assert results_page.ROWS
+    for row in results_page.ROWS:
+        assert (results_page.RESULTS / row.source).is_file(), row.source
+        vals = results_page.values(row)  # raises on an empty selection or a seed counted twice
         assert vals and all(v == v for v in vals), row
-        assert f"`{row.source}`" in headline.cells(row)["source"]
+        assert f"`{row.source}`" in results_page.cells(row)["source"]
 
 
 # A headline number is one plain driver command: preset, dataset, the DATA placeholder, a seed; no
@@ -56,8 +57,8 @@ HEADLINE_COMMAND = re.compile(
 
 
 def test_headline_commands_are_plain_driver_commands_with_the_data_placeholder():
-    for row in headline.ROWS:
-        cmd = headline.command(row)
+    for row in results_page.ROWS:
+        cmd = results_page.command(row)
         assert HEADLINE_COMMAND.fullmatch(cmd), cmd
 
 
@@ -73,7 +74,7 @@ FPPDM_RECORDED_AS = {
 
 
 def _fppdm_rows():
-    return [row for row in headline.ROWS if row.source == "fppdm_table.json"]
+    return [row for row in results_page.ROWS if row.source == "fppdm_table.json"]
 
 
 def test_fppdm_commands_without_set_run_the_settings_the_table_was_recorded_with():
@@ -83,7 +84,7 @@ def test_fppdm_commands_without_set_run_the_settings_the_table_was_recorded_with
 
     from fedrec_flwr.config import load_config
 
-    recorded = headline.load("fppdm_table.json")["settings"]
+    recorded = results_page.load("fppdm_table.json")["settings"]
     rows = _fppdm_rows()
     assert rows
     for row in rows:
@@ -99,10 +100,30 @@ def test_fppdm_commands_without_set_run_the_settings_the_table_was_recorded_with
 
 def test_the_generated_table_is_in_the_page_and_has_every_row():
     page = _text("BENCHMARKS.md")
-    table = headline.table("full")
+    table = results_page.table("full")
     assert table in page
-    assert len(table.splitlines()) == 2 + len(headline.ROWS)
-    assert 0 < len(headline.table("readme").splitlines()) - 2 < len(headline.ROWS)
+    assert len(table.splitlines()) == 2 + len(results_page.ROWS)
+    assert 0 < len(results_page.table("readme").splitlines()) - 2 < len(results_page.ROWS)
+
+
+def test_results_page_command_prints_the_table_and_writes_only_stale_blocks(tmp_path, monkeypatch, capsys):
+    """`fedrec results-page` prints the page's table; `--write` leaves current pages alone and replaces a
+    stale block (here in copies of the pages: the checkout's files are never written by a test)."""
+    main(["results-page"])
+    assert capsys.readouterr().out == results_page.table("full") + "\n"
+
+    for name in ("BENCHMARKS.md", "README.md"):
+        (tmp_path / name).write_text(_text(name))
+    monkeypatch.setattr(results_page, "ROOT", tmp_path)
+    main(["results-page", "--write"])
+    assert capsys.readouterr().out == ""
+    assert all((tmp_path / name).read_text() == _text(name) for name in ("BENCHMARKS.md", "README.md"))
+
+    stale = _text("README.md").replace(results_page.table("readme"), "| a table edited by hand |")
+    (tmp_path / "README.md").write_text(stale)
+    main(["results-page", "--write"])
+    assert capsys.readouterr().out == "wrote README.md\n"
+    assert (tmp_path / "README.md").read_text() == _text("README.md")
 
 
 @pytest.mark.parametrize("pattern", FORBIDDEN)
@@ -137,9 +158,9 @@ def test_fedgnn_headline_commands_run_the_settings_their_runs_were_recorded_with
     from fedrec_flwr.config import load_config
 
     checked = 0
-    for row in (r for r in headline.ROWS if r.source in ("fedgnn_tuned.json", "fedgnn_features.json")):
+    for row in (r for r in results_page.ROWS if r.source in ("fedgnn_tuned.json", "fedgnn_features.json")):
         preset = row.command.split("--preset ")[1].split()[0]
-        for run in headline.selected(row):
+        for run in results_page.selected(row):
             if "benchmarks.run" not in run["command"] and "fedrec run" not in run["command"]:  # flwr runs only
                 continue
             args = shlex.split(run["command"])

@@ -1,10 +1,10 @@
-"""The item-table spectrum diagnostic: the noise threshold finds planted structure, and truncated
-tables are evaluated by the same users and code as the full one."""
+"""The item-table spectrum diagnostic (fedrec_flwr.fedgnn.spectrum): the noise threshold finds planted
+structure, and truncated tables are evaluated by the same users and code as the full one."""
 
 import numpy as np
 
-from benchmarks.item_spectrum import gavish_donoho_threshold, rank_cuts, spectrum_probe
 from fedrec_flwr.config import load_config
+from fedrec_flwr.fedgnn.spectrum import gavish_donoho_threshold, rank_cuts, spectrum_probe
 from fedrec_flwr.inprocess import run_in_process
 
 

@@ -1,7 +1,8 @@
-"""The headline table of BENCHMARKS.md (and its short form in README.md), generated from the results.
+"""The results page: the headline table of BENCHMARKS.md (and its short form in README.md), generated from
+the committed results, benchmarks/results/*.json.
 
-    python -m benchmarks.headline            # print the table
-    python -m benchmarks.headline --write    # replace the marked blocks in BENCHMARKS.md and README.md
+    fedrec results-page            # print the table
+    fedrec results-page --write    # replace the marked blocks in BENCHMARKS.md and README.md
 
 Every row is declared in `ROWS`: which JSON under benchmarks/results holds its runs, which runs
 (field filters), which number of a run, and the parts no JSON records: the paper's figure, the
@@ -9,12 +10,12 @@ privacy budget and the command of one run. The cell "this project" is the mean Â
 deviation (n - 1) over the selected runs, one per seed, and the number of seeds. A command is
 `fedrec run --preset P --dataset D --data-dir DATA [--seed S]` and nothing more: a
 dataset's own settings are in conf/datasets/<dataset>.yaml, and the output folder is the driver's
-default, outputs/<preset>-<dataset>-s<seed>.
+default, outputs/<preset>-<dataset>-s<seed>. The pages and the results are those of the project's checkout
+(`ROOT`, the folder above this package).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from dataclasses import dataclass
@@ -172,6 +173,7 @@ def command(row: Row) -> str:
 
 
 def cells(row: Row) -> dict[str, str]:
+    """The row's cells by column name: declared text, the measured cell and the command and source as code."""
     return {"algorithm": row.algorithm, "dataset": row.dataset, "metric": row.metric,
             "this project (mean Â± std, seeds)": measured(row), "paper": row.paper, "privacy budget": row.budget,
             "command (one seed)": f"`{command(row)}`", "source": f"`{row.source}`"}
@@ -212,18 +214,3 @@ def write() -> list[Path]:
             path.write_text(new)
             changed.append(path)
     return changed
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--write", action="store_true", help="replace the marked blocks in BENCHMARKS.md and README.md")
-    args = ap.parse_args()
-    if args.write:
-        for path in write():
-            print(f"wrote {path.relative_to(ROOT)}")
-    else:
-        print(table())
-
-
-if __name__ == "__main__":
-    main()
