@@ -18,7 +18,7 @@ from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.fedgnn.accounting import epsilon_per_coordinate
-from fedrec_flwr.fedgnn.batched import train_users
+from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,

@@ -195,7 +195,7 @@ class SimulationConfig:
 
     users_per_node: int = ranged(1, _AT_LEAST_ONE)  # users multiplexed per virtual SuperNode (deployment: always one node per user)
     # FedGNN: how many of a node's sampled users compute their local steps as one batched computation
-    # (fedrec_flwr.fedgnn.batched; the same numbers as one at a time, up to float rounding); 1: one at a time
+    # (fedrec_flwr.fedgnn.local_step; the same numbers as one at a time, up to float rounding); 1: one at a time
     user_batch: int = ranged(32, _AT_LEAST_ONE)
     num_cpus: float = ranged(1.0, _NON_NEGATIVE)  # Ray resources per ClientApp
     num_gpus: float = ranged(0.0, _NON_NEGATIVE)  # fractional GPU per ClientApp; > 0 moves models and batches to CUDA; may exceed 1: several GPUs per ClientApp

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.fedgnn.batched import train_users
 from fedrec_flwr.fedgnn.bindings import NodeBindings
+from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.protocol import (
     frame_registration,
     frame_train_upload,

@@ -7,6 +7,7 @@ import pytest
 
 from clients.fedgnn import FedGNNClient
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.local_step import local_gradients
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
@@ -14,7 +15,7 @@ from fedrec_flwr.fedgnn.protocol import (
     PHASE_TRAIN,
 )
 from fedrec_flwr.fedgnn.server import round_schedule
-from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, local_gradients
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
 from strategies.fedgnn import ExpansionLink, FedGNNStrategy

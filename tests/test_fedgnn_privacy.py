@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 
 from clients.fedgnn import FedGNNClient
@@ -60,8 +61,13 @@ def test_noise_is_laplace_with_scale_lambda():
 def test_pseudo_rows_match_real_moments():
     rng = np.random.default_rng(2)
     real = rng.standard_normal((400, 6)) @ np.diag([1, 2, 3, 1, 1, 5]) + 0.5
-    fake = pseudo_gradient_rows(rng, real, 20000)
-    assert np.allclose(fake.mean(0), real.mean(0), atol=0.1)
+    for rows in (real, real[:4]):  # more rows than dimensions (Cholesky route) and fewer (random mix of rows)
+        fake = pseudo_gradient_rows(torch.Generator().manual_seed(3), torch.from_numpy(rows.astype(np.float32)), 20000).numpy()
+        cov = np.cov(rows.T, bias=True)
+        assert fake.dtype == np.float32 and np.allclose(fake.mean(0), rows.mean(0), atol=0.1)
+        assert np.trace(np.cov(fake.T)) == pytest.approx(np.trace(cov), rel=0.05)  # shrinkage keeps the total variance
+    # with 400 rows in 6 dimensions Ledoit-Wolf barely shrinks: the covariance is the rows' own
+    fake = pseudo_gradient_rows(torch.Generator().manual_seed(3), torch.from_numpy(real.astype(np.float32)), 20000).numpy()
     assert np.allclose(np.cov(fake.T), np.cov(real.T), atol=0.15 * np.abs(np.cov(real.T)).max())
 
 

@@ -12,9 +12,10 @@ import torch
 from fedrec_flwr.config import ConfigError, load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.bindings import NodeBindings
+from fedrec_flwr.fedgnn.local_step import local_gradients, train_users
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
-from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, evaluate_user, local_gradients
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, evaluate_user
 from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.messages import UploadRejected
 from fedrec_flwr.models.rating_gnn import build_model, row_width
@@ -69,7 +70,7 @@ def test_rows_have_width_d_plus_one_and_their_last_column_is_a_bias(tiny_cfg):
     expected = 2.0 * (pred.numpy() + user.state.offset - data.train_values) / data.train_items.size
     assert data.train_items.size <= cfg.local.batch_size  # the whole user in one mini-batch
     np.testing.assert_allclose(step.real_rows[:, d], expected, rtol=1e-4, atol=1e-6)
-    upload = user.train(server.model_weights(), rows, server_round=2)
+    upload = train_users([user], server.model_weights(), [rows], 2)[0]
     assert upload[-1].shape == (user.state.anonymity_ids.size, d + 1)
     update = server.validate(user.user, upload)  # accepted at width d + 1, and the merge moves the bias column
     server.apply([update])

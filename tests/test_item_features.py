@@ -9,6 +9,7 @@ import torch
 from fedrec_flwr.data import DataError, UserPartitions, prepare_partitions
 from fedrec_flwr.data.node_files import NodeDataError, load_user_file
 from fedrec_flwr.data.sources import load_dataset
+from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
 from fedrec_flwr.inprocess import run_in_process
@@ -111,7 +112,7 @@ def test_features_flow_through_partitions_and_are_learned_under_ldp(tiny_cfg):
     server = FedGNNServer.from_config(cfg_tight, parts.meta.num_items, parts.meta.scale.midpoint, num_item_features=8)
     user = FedGNNUser(DeviceSections.from_config(cfg_tight), parts.meta, parts.user(5), MemoryStore())
     server.register(5, user.register())
-    upload = user.train(server.model_weights(), server.rows_for(5), 2)
+    upload = train_users([user], server.model_weights(), [server.rows_for(5)], 2)[0]
     assert len(upload) == len(server.model_weights()) + 2
     names = [n for n, _ in server.model.named_parameters()]
     assert upload[names.index("item_feature_map")].shape == (8, 16)  # the map's gradient is uploaded

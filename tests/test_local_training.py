@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.fedgnn.user import DeviceSections, init_user_state, local_gradients
+from fedrec_flwr.fedgnn.local_step import local_gradients, train_users
+from fedrec_flwr.fedgnn.user import DeviceSections, init_user_state
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.privacy import clip_linf
 
@@ -57,7 +58,7 @@ def test_private_offset_learns_the_users_level_and_stays_on_the_device(tiny_cfg)
     user = FedGNNUser(DeviceSections.from_config(cfg), meta, data, store)
     weights = [p.detach().numpy().copy() for p in user.model.parameters()]
     rows = np.zeros((user.state.anonymity_ids.size, cfg.model.dim), np.float32)
-    upload = user.train(weights, rows, server_round=2)
+    upload = train_users([user], weights, [rows], 2)[0]
     offset = store.load(3).offset
     assert offset > 0.5  # the model predicts the scale midpoint; the offset carries the user's level
     assert len(upload) == len(weights) + 2  # model gradients, ids, rows: nothing else leaves the device

@@ -3,14 +3,14 @@
 The user's embedding and ratings never leave the device. What leaves is the LDP-protected
 gradient of the shared model and of the item rows of its anonymity set (rated, test and
 pseudo items together, sorted by id), see `fedrec_flwr.fedgnn.protocol`. This module needs only
-torch and torch-geometric, so GPU benchmarks can drive it on machines without flwr or ray;
-`clients.fedgnn` wraps it in Flower's NumPyClient.
+torch and torch-geometric, so GPU benchmarks can drive it on machines without flwr or ray.
+Its local step and protection are in `fedrec_flwr.fedgnn.local_step`; `clients.fedgnn` wraps both in Flower's NumPyClient.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -26,8 +26,6 @@ from fedrec_flwr.models.star_graph import build_star_batch
 from fedrec_flwr.neighbours import NeighbourClient, item_tokens
 from fedrec_flwr.privacy import (
     num_pseudo,
-    privatize,
-    pseudo_gradient_rows,
     sample_pseudo_items,
 )
 from fedrec_flwr.privacy.popularity import (
@@ -159,118 +157,11 @@ def set_weights(model: RatingGNN, arrays: list[np.ndarray]) -> None:
             p.copy_(torch.from_numpy(np.asarray(a)).reshape(p.shape))
 
 
-class LocalStep(NamedTuple):
-    """What one user's local computation gives: the upload's raw parts and the device's new private state."""
-
-    model_grads: list[np.ndarray]
-    real_rows: np.ndarray  # gradient rows of the rated items, ascending id
-    embedding: np.ndarray  # the updated private user embedding
-    loss: float
-    offset: float  # the updated private rating offset (model.user_offset; 0 otherwise)
-
-
-def local_gradients(
-    cfg: DeviceSections,
-    model: RatingGNN,
-    state: UserState,
-    data: UserData,
-    item_rows: np.ndarray,
-    rng: np.random.Generator,
-    device: torch.device | None = None,
-) -> LocalStep:
-    """The paper's LocalGradCal on one user (or local training, with local.upload = "delta").
-
-    Returns the model gradients, the gradient rows of the rated items, the updated user embedding,
-    the training loss and the updated private offset (a `LocalStep`). Gradients are averaged over `local.steps` mini-batches; the user
-    embedding takes a plain SGD step after each one, then `user_steps - 1` more on all the
-    user's ratings, and stays on the device. With "delta" uploads each step also moves a local
-    copy of the model and of the rated items' rows by SGD at `local.lr` on the (`local.loss`-scaled)
-    gradient clipped to the upload's clip bound, so later steps see the user's own progress and no
-    local path can run away; what is returned is the whole local change over lr (the sum of the
-    clipped steps), which the upload then clips and noises once. One step of either kind gives the
-    same upload once clipped.
-    """
-    device = device or torch.device("cpu")
-    model = ready(model, device, training=True)
-    if data.train_items.size == 0:  # nothing to learn from: zero gradients, which LDP then noises like any upload
-        zeros = [np.zeros(tuple(p.shape), np.float32) for p in model.parameters()]
-        return LocalStep(zeros, np.zeros((0, item_rows.shape[1]), np.float32), state.embedding.copy(), 0.0, state.offset)
-    pos = np.searchsorted(state.anonymity_ids, data.train_items)
-    items_x = torch.tensor(item_rows[pos], device=device, requires_grad=True)
-    features = _features_of(data, data.train_items, device)
-    user_x = torch.tensor(state.embedding[None, :], device=device, requires_grad=True)
-    private = cfg.model.user_offset  # a scalar only this device holds and trains, added to every prediction
-    delta = cfg.local.upload == "delta"
-    offset = torch.tensor(float(state.offset), device=device, requires_grad=private)
-    targets = torch.from_numpy(data.train_values).to(device)
-    neigh_x = torch.from_numpy(state.neighbours).to(device)
-    batch = build_star_batch([data.train_items.size], None, [state.neighbours.shape[0]]).to(device)
-    params = list(model.parameters())
-    grad_sum = [torch.zeros_like(p) for p in params]
-    row_grad = torch.zeros_like(items_x)
-    losses = []
-    for _ in range(cfg.local.steps):
-        pick = torch.from_numpy(rng.permutation(data.train_items.size)[: cfg.local.batch_size]).to(device)
-        pred, _ = model(batch, user_x, model.item_input(items_x, features), None, neigh_x)
-        loss = torch.mean((pred[pick] + offset - targets[pick]) ** 2)
-        grads = torch.autograd.grad(loss, [*params, items_x, user_x, *([offset] if private else [])])
-        if private:
-            *grads, g_offset = grads
-        # uploads carry the gradient of the summed loss when local.loss = "sum": per-row
-        # gradients then use the clip range instead of drowning in the LDP noise
-        scale = float(pick.numel()) if cfg.local.loss == "sum" else 1.0
-        step = [scale * g for g in grads[: len(params) + 1]]
-        if delta:  # each local step moves by the clipped gradient, as the server would apply it
-            step = [torch.clamp(g, -cfg.privacy.clip_delta, cfg.privacy.clip_delta) for g in step]
-        for acc, g in zip(grad_sum, step[: len(params)]):
-            acc += g
-        row_grad += step[len(params)]
-        with torch.no_grad():  # the private embedding always follows the mean loss
-            user_x -= cfg.local.user_lr * grads[-1]
-            if private:
-                offset -= cfg.local.user_lr * g_offset
-            if delta:  # train the local copies: the next step starts where this one ends
-                for p, g in zip(params, step[: len(params)]):
-                    p -= cfg.local.lr * g
-                items_x -= cfg.local.lr * step[len(params)]
-        losses.append(loss.item())
-    for _ in range(cfg.local.user_steps - 1):  # extra private steps: personalisation costs no privacy
-        pred, _ = model(batch, user_x, model.item_input(items_x, features).detach(), None, neigh_x)
-        g_user, *g_off = torch.autograd.grad(torch.mean((pred + offset - targets) ** 2), [user_x, *([offset] if private else [])])
-        with torch.no_grad():
-            user_x -= cfg.local.user_lr * g_user
-            if private:
-                offset -= cfg.local.user_lr * g_off[0]
-    steps = 1 if delta else cfg.local.steps  # delta: the whole local change over lr; gradient: the mean
-    return LocalStep(
-        [(g / steps).cpu().numpy() for g in grad_sum],
-        (row_grad / steps).cpu().numpy(),
-        user_x.detach()[0].cpu().numpy(),
-        float(np.mean(losses)),
-        float(offset.detach()),
-    )
-
-
 def _features_of(data: UserData, items: np.ndarray, device: torch.device) -> torch.Tensor | None:
     """The public features of `items` from the catalogue the user holds, or None without features."""
     if data.item_features is None:
         return None
     return torch.from_numpy(np.ascontiguousarray(data.item_features[items])).to(device)
-
-
-def build_upload(
-    cfg: DeviceSections, state: UserState, data: UserData, model_grads: list[np.ndarray], real_rows: np.ndarray, rng: np.random.Generator
-) -> list[np.ndarray]:
-    """[*model grads, ids, rows]: real rows and pseudo rows merged by id, then LDP on everything."""
-    rows = np.empty((state.anonymity_ids.size, real_rows.shape[1]), np.float32)
-    is_real = np.zeros(state.anonymity_ids.size, bool)
-    is_real[np.searchsorted(state.anonymity_ids, data.train_items)] = True
-    rows[is_real] = real_rows  # both in ascending item-id order
-    rows[~is_real] = pseudo_gradient_rows(rng, real_rows, int((~is_real).sum()))
-    payload = [*model_grads, rows]
-    if cfg.privacy.ldp:
-        payload = privatize(payload, cfg.privacy.clip_delta, cfg.privacy.noise_lambda, rng)
-    return [*payload[:-1], state.anonymity_ids.copy(), payload[-1]]
 
 
 def evaluate_user(
@@ -377,22 +268,11 @@ class FedGNNUser:
         rng = user_rng(self.cfg.seed, self.user, 1, server_round)
         return rng, int(rng.integers(2**62))
 
-    def finish_train(self, step: LocalStep, rng: np.random.Generator, server_round: int) -> list[np.ndarray]:
-        """Keep the step's private state and return the protected upload [*grads, ids, rows] (pseudo rows and
-        LDP drawn from the rest of the round's stream `rng`)."""
-        self.state.embedding = step.embedding.astype(np.float32)
-        self.state.offset = step.offset
+    def finish_train(self, embedding: np.ndarray, offset: float, server_round: int) -> None:
+        """Keep the round's new private state (embedding and offset) after its local step."""
+        self.state.embedding = np.asarray(embedding, np.float32)
+        self.state.offset = float(offset)
         self.store.save(self.user, self.state, server_round)
-        return build_upload(self.cfg, self.state, self.data, step.model_grads, step.real_rows, rng)
-
-    def train(self, weights: list[np.ndarray], rows: np.ndarray, server_round: int,
-              round_config: RoundConfig | None = None) -> list[np.ndarray]:
-        """One local step on the current global model; returns the protected upload [*grads, ids, rows]."""
-        rng, dropout_seed = self.begin_train(server_round, round_config)
-        set_weights(self.model, weights)
-        torch.manual_seed(dropout_seed)  # dropout masks: a function of (seed, user, round) too
-        step = local_gradients(self.cfg, self.model, self.state, self.data, self.item_rows(rows), rng, self.device)
-        return self.finish_train(step, rng, server_round)
 
     def evaluate(self, weights: list[np.ndarray], rows: np.ndarray) -> ErrorSums:
         """(SSE, SAE, n) on the user's own test ratings."""

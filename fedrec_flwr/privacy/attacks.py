@@ -29,14 +29,13 @@ from scipy import stats
 
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.local_step import LocalStep, local_gradients, protected_upload
 from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.fedgnn.user import (
     DeviceSections,
     FedGNNUser,
     MemoryStore,
-    build_upload,
     init_user_state,
-    local_gradients,
     own_items,
     popularity_report,
 )
@@ -76,6 +75,11 @@ class UserStep(NamedTuple):
     rng: np.random.Generator
     is_real: np.ndarray
 
+    def upload(self, cfg: AppConfig) -> list[np.ndarray]:
+        """The protected upload of this step, as the device sends it (pseudo rows and noise from `rng`)."""
+        step = LocalStep(self.grads, self.real_rows, self.state.embedding, 0.0, self.state.offset)
+        return protected_upload(DeviceSections.from_config(cfg), self.state, self.data, step, self.rng)
+
 
 def user_steps(cfg: AppConfig, users: int) -> Iterator[UserStep]:
     """For each of the first `users` users with >= 3 ratings, one local step on an untrained seeded model.
@@ -100,7 +104,8 @@ def user_steps(cfg: AppConfig, users: int) -> Iterator[UserStep]:
         model.load_state_dict(initial)  # every user steps from the same model (delta uploads move it locally)
         rng = np.random.default_rng(u)
         sent = (rng.standard_normal((state.anonymity_ids.size, row_width(cfg.model))) * 0.1).astype(np.float32)
-        grads, real_rows, *_ = local_gradients(device_cfg, model, state, data, sent, rng)
+        step = local_gradients(device_cfg, model, state, data, sent, rng)
+        grads, real_rows = step.model_grads, step.real_rows
         yield UserStep(model, data, state, sent, grads, real_rows, rng, np.isin(state.anonymity_ids, data.train_items))
 
 
@@ -122,7 +127,7 @@ def within_upload_auc(cfg: AppConfig, users: int, mode: str) -> np.ndarray:
             up = np.zeros((step.state.anonymity_ids.size, row_width(cfg.model)), np.float32)
             up[step.is_real] = step.real_rows
         else:
-            up = build_upload(DeviceSections.from_config(cfg), step.state, step.data, step.grads, step.real_rows, step.rng)[-1]
+            up = step.upload(cfg)[-1]
         feats = row_features(up)
         aucs.append([separation_auc(feats[:, j], step.is_real) for j in range(feats.shape[1])])
     mean = np.mean(aucs, axis=0)
@@ -146,7 +151,7 @@ def model_gradient_auc(cfg: AppConfig, users: int) -> dict[str, float]:
     per_weight: dict[int, list[float]] = {}
     feature_map: list[float] = []
     for step in user_steps(cfg, users):
-        upload = build_upload(DeviceSections.from_config(cfg), step.state, step.data, step.grads, step.real_rows, step.rng)
+        upload = step.upload(cfg)
         for i, p in enumerate(step.model.parameters()):
             if p.dim() < 2 or p.shape[-1] != d or p.shape[-2] != d:
                 continue

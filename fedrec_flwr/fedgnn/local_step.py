@@ -1,0 +1,325 @@
+"""A FedGNN user's local step and its protection, as one batched tensor program over the users of a node.
+
+This is the only implementation: a deployed device runs it on a batch of one, a simulated SuperNode on
+groups of up to `simulation.user_batch` of its users (`train_users`). The GNN's forward and backward run
+on dense padded star graphs with a copy of the weights per user (`fedrec_flwr.models.dense_star`), so
+each user gets its own gradient; then each user's upload is protected where it was computed (CPU or
+CUDA): pseudo rows fitted to its real rows, clipping, Laplace noise (`fedrec_flwr.privacy`).
+
+Every user draws from its own stream (seed, user, 1, round): first the seed of its dropout masks, then its
+mini-batch picks, its pseudo rows and its noise, so a user's numbers do not depend on who shares its batch
+(up to float rounding of the batched sums). Users are sorted by how many items they rated and cut into
+groups whose padding stays within a quarter of their real size, unless the group is small anyway
+(`size_groups`). tests/oracle_local_step.py keeps the PyG formulation as a test oracle.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from fedrec_flwr.data import UserData
+from fedrec_flwr.fedgnn.protocol import RoundConfig
+from fedrec_flwr.fedgnn.state import UserState
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, ready, set_weights
+from fedrec_flwr.models.dense_star import DenseStars, dense_predict, per_user_copies
+from fedrec_flwr.models.rating_gnn import RatingGNN, row_width
+from fedrec_flwr.privacy import pseudo_gradient_rows
+from fedrec_flwr.privacy.ldp import standard_laplace
+
+
+def _pad(rows: list[np.ndarray], width: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of each user stacked into [B, width, d] with zeros after each user's own, and the [B, width] mask
+    (d: the rows' own width, `row_width` for item rows, the model's dim for neighbour rows)."""
+    out = np.zeros((len(rows), width, d), np.float32)
+    mask = np.zeros((len(rows), width), np.float32)
+    for b, r in enumerate(rows):
+        out[b, : r.shape[0]] = r
+        mask[b, : r.shape[0]] = 1.0
+    return torch.from_numpy(out).to(device), torch.from_numpy(mask).to(device)
+
+
+def _dropout_masks(generators: list[torch.Generator], counts: list[tuple[int, int]], p: float, d: int, width: int,
+                   neighbour_width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """One forward's dropout masks (already divided by 1 - p) for the user, item and neighbour rows, drawn per
+    user from its own generator over its [1 + T + N, d] nodes, as nn.Dropout draws them on the one-user path."""
+    if p == 0.0:
+        return None
+    b = len(generators)
+    user = torch.empty(b, d)
+    items = torch.zeros(b, width, d)
+    neigh = torch.zeros(b, neighbour_width, d)
+    for k, (gen, (t, n)) in enumerate(zip(generators, counts)):
+        mask = torch.empty(1 + t + n, d).bernoulli_(1.0 - p, generator=gen).div_(1.0 - p)
+        user[k], items[k, :t], neigh[k, :n] = mask[0], mask[1 : 1 + t], mask[1 + t :]
+    return user.to(device), items.to(device), neigh.to(device)
+
+
+def _dropped(g: DenseStars, masks) -> DenseStars:
+    if masks is None:
+        return g
+    return g._replace(user=g.user * masks[0], items=g.items * masks[1], neighbours=g.neighbours * masks[2])
+
+
+class LocalStep(NamedTuple):
+    """One user's local computation: the upload's raw parts and the device's new private state (numpy)."""
+
+    model_grads: list[np.ndarray]
+    real_rows: np.ndarray  # gradient rows of the rated items, ascending id
+    embedding: np.ndarray  # the updated private user embedding
+    loss: float
+    offset: float  # the updated private rating offset (model.user_offset; unchanged otherwise)
+
+
+class StepBatch(NamedTuple):
+    """The local steps of B users, still as tensors on the device: what `protect` turns into uploads."""
+
+    model_grads: list[torch.Tensor]  # [B, *shape] per model parameter, in model.parameters() order
+    rows: torch.Tensor  # [B, T, row width]: user k's real-row gradients in its first counts[k] slots
+    counts: list[int]
+    embeddings: np.ndarray  # [B, d]
+    losses: np.ndarray  # [B]
+    offsets: np.ndarray  # [B]
+
+    def user(self, k: int) -> LocalStep:
+        """User k's step as numpy arrays."""
+        return LocalStep([g[k].detach().cpu().numpy() for g in self.model_grads],
+                         self.rows[k, : self.counts[k]].detach().cpu().numpy(), self.embeddings[k],
+                         float(self.losses[k]), float(self.offsets[k]))
+
+
+def idle_steps(model: RatingGNN, states: list[UserState], width: int, device: torch.device) -> StepBatch:
+    """The step of users without training ratings: nothing to learn from, so zero gradients (which the
+    protection then noises like any upload) and an unchanged private state."""
+    b = len(states)
+    return StepBatch([torch.zeros((b, *p.shape), device=device) for p in model.parameters()],
+                     torch.zeros((b, 0, width), device=device), [0] * b,
+                     np.stack([st.embedding for st in states]) if b else np.zeros((0, model.dim), np.float32),
+                     np.zeros(b), np.array([st.offset for st in states], np.float64))
+
+
+def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], datas: list[UserData],
+                rows: list[np.ndarray], rngs: list[np.random.Generator], generators: list[torch.Generator],
+                device: torch.device) -> StepBatch:
+    """The paper's LocalGradCal (or local training, with local.upload = "delta") for B users with rated items,
+    all with the same config and model, as one batched computation.
+
+    Gradients are averaged over `local.steps` mini-batches; each user's embedding takes a plain SGD step
+    after each one, then `user_steps - 1` more on all its ratings, and stays on the device. With "delta"
+    uploads each step also moves a local copy of the model and of the rated items' rows by SGD at `local.lr`
+    on the (`local.loss`-scaled) gradient clipped to the upload's clip bound, so later steps see the user's
+    own progress and no local path can run away; what is returned is the whole local change over lr (the
+    sum of the clipped steps), which the protection then clips and noises once. One step of either kind
+    gives the same upload once clipped.
+    """
+    model = ready(model, device, training=True)
+    d, b = cfg.model.dim, len(states)
+    row_bias = cfg.model.item_bias  # item rows carry b_i as a last column (width row_width = d + 1)
+    counts = [(data.train_items.size, st.neighbours.shape[0]) for st, data in zip(states, datas)]
+    width, n_width = max(t for t, _ in counts), max(n for _, n in counts)
+    items_np = [r[np.searchsorted(st.anonymity_ids, data.train_items)] for st, data, r in zip(states, datas, rows)]
+    items_x, item_mask = _pad(items_np, width, row_width(cfg.model), device)
+    items_x.requires_grad_(True)
+    neigh_x, neigh_mask = _pad([st.neighbours for st in states], n_width, d, device)
+    user_x = torch.tensor(np.stack([st.embedding for st in states]), device=device, requires_grad=True)
+    targets, _ = _pad([data.train_values[:, None] for data in datas], width, 1, device)
+    targets = targets[..., 0]
+    features = None
+    if model.item_feature_map is not None:
+        if any(data.item_features is None for data in datas):
+            raise ValueError("this model takes public item features (data.item_features), but none were given")
+        features, _ = _pad([data.item_features[data.train_items] for data in datas], width,
+                           datas[0].item_features.shape[1], device)
+    private, delta = cfg.model.user_offset, cfg.local.upload == "delta"
+    offset = torch.tensor([float(st.offset) for st in states], device=device, requires_grad=private)
+    params = per_user_copies(model, b)
+    leaves = list(params.values())  # in model.parameters() order, as uploads carry them
+
+    def item_input(x: torch.Tensor) -> torch.Tensor:
+        if features is None:
+            return x
+        if row_bias:  # the features map into the embedding part; the bias column passes through
+            return torch.cat([x[..., :d] + torch.bmm(features, params["item_feature_map"]), x[..., d:]], -1)
+        return x + torch.bmm(features, params["item_feature_map"])
+
+    def predict(x_items: torch.Tensor) -> torch.Tensor:
+        x_items, b_items = (x_items[..., :d], x_items[..., d]) if row_bias else (x_items, None)
+        raw = DenseStars(user_x, x_items, neigh_x, item_mask, neigh_mask)
+        masks = _dropout_masks(generators, counts, cfg.model.dropout, d, width, n_width, device)
+        return dense_predict(model, params, raw, _dropped(raw, masks), b_items) + offset[:, None]
+
+    def expand(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return v.view(-1, *([1] * (like.dim() - 1)))
+
+    grad_sum = [torch.zeros_like(p) for p in leaves]
+    row_grad = torch.zeros_like(items_x)
+    losses = np.zeros((cfg.local.steps, b))
+    sizes = np.array([t for t, _ in counts])
+    # uploads carry the gradient of the summed loss with local.loss = "sum": each user's scale is its pick's size
+    picked = np.minimum(sizes, cfg.local.batch_size).astype(np.float32)
+    scale = torch.from_numpy(picked if cfg.local.loss == "sum" else np.ones(b, np.float32)).to(device)
+    for s in range(cfg.local.steps):
+        weight = np.zeros((b, width), np.float32)
+        for k, (rng, t) in enumerate(zip(rngs, sizes)):
+            pick = rng.permutation(t)[: cfg.local.batch_size]
+            weight[k, pick] = 1.0 / pick.size
+        weight_t = torch.from_numpy(weight).to(device)
+        err = (predict(item_input(items_x)) - targets) ** 2
+        per_user = (weight_t * err).sum(1)
+        grads = torch.autograd.grad(per_user.sum(), [*leaves, items_x, user_x, *([offset] if private else [])])
+        if private:
+            *grads, g_offset = grads
+        step = [expand(scale, g) * g for g in grads[: len(leaves) + 1]]
+        if delta:  # each local step moves by the clipped gradient, as the server would apply it
+            step = [torch.clamp(g, -cfg.privacy.clip_delta, cfg.privacy.clip_delta) for g in step]
+        for acc, g in zip(grad_sum, step[: len(leaves)]):
+            acc += g
+        row_grad += step[len(leaves)]
+        with torch.no_grad():  # the private embedding always follows the mean loss
+            user_x -= cfg.local.user_lr * grads[-1]
+            if private:
+                offset -= cfg.local.user_lr * g_offset
+            if delta:  # train the local copies: the next step starts where this one ends
+                for p, g in zip(leaves, step[: len(leaves)]):
+                    p -= cfg.local.lr * g
+                items_x -= cfg.local.lr * step[len(leaves)]
+        losses[s] = per_user.detach().cpu().numpy()
+    full = (item_mask / item_mask.sum(1, keepdim=True))
+    for _ in range(cfg.local.user_steps - 1):  # extra private steps: personalisation costs no privacy
+        err = (predict(item_input(items_x).detach()) - targets) ** 2
+        g_user, *g_off = torch.autograd.grad((full * err).sum(), [user_x, *([offset] if private else [])])
+        with torch.no_grad():
+            user_x -= cfg.local.user_lr * g_user
+            if private:
+                offset -= cfg.local.user_lr * g_off[0]
+    steps = 1 if delta else cfg.local.steps  # delta: the whole local change over lr; gradient: the mean
+    with torch.no_grad():
+        model_grads = grad_sum if steps == 1 else [g / steps for g in grad_sum]
+        rows_out = row_grad.detach() if steps == 1 else row_grad.detach() / steps
+    offsets = offset.detach().cpu().numpy().astype(np.float64) if private else np.array([st.offset for st in states])
+    return StepBatch(model_grads, rows_out, [t for t, _ in counts], user_x.detach().cpu().numpy(),
+                     losses.mean(0), offsets)
+
+
+def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData], batch: StepBatch,
+            rngs: list[np.random.Generator]) -> list[list[np.ndarray]]:
+    """Each user's protected upload [*model grads, ids, rows]: its real rows and its pseudo rows merged by
+    id (pseudo rows fitted to the real ones, `pseudo_gradient_rows`), then, with LDP on, every coordinate
+    clipped to delta plus Laplace(lambda) noise, computed on the batch's device with each user's own stream."""
+    p = cfg.privacy
+    b = len(states)
+    shapes = [tuple(g.shape[1:]) for g in batch.model_grads]
+    with torch.no_grad():
+        flat_model = torch.cat([g.reshape(b, -1) for g in batch.model_grads], 1) if shapes else batch.rows.new_zeros((b, 0))
+        uploads = []
+        for k, (st, data, rng) in enumerate(zip(states, datas, rngs)):
+            real = batch.rows[k, : batch.counts[k]]
+            rows = real.new_empty((st.anonymity_ids.size, real.shape[1]))
+            is_real = np.zeros(st.anonymity_ids.size, bool)
+            is_real[np.searchsorted(st.anonymity_ids, data.train_items)] = True
+            real_at = torch.from_numpy(np.flatnonzero(is_real)).to(rows.device)
+            rows[real_at] = real  # both in ascending item-id order
+            normals = torch.Generator().manual_seed(int(rng.integers(2**62)))  # the pseudo rows' stream, from the user's
+            rows[torch.from_numpy(np.flatnonzero(~is_real)).to(rows.device)] = pseudo_gradient_rows(
+                normals, real, int((~is_real).sum()))
+            model_part = flat_model[k]
+            if p.ldp:  # one draw for the whole upload, model gradients first, as the wire carries them
+                noise = torch.from_numpy(standard_laplace(rng, model_part.numel() + rows.numel())).to(rows.device)
+                model_part = model_part.clamp(-p.clip_delta, p.clip_delta).add_(noise[: model_part.numel()],
+                                                                                alpha=p.noise_lambda)
+                rows.clamp_(-p.clip_delta, p.clip_delta).add_(noise[model_part.numel():].view(rows.shape),
+                                                             alpha=p.noise_lambda)
+            flat = model_part.cpu().numpy()
+            parts, at = [], 0
+            for shape in shapes:
+                size = int(np.prod(shape))
+                parts.append(flat[at : at + size].reshape(shape))
+                at += size
+            uploads.append([*parts, st.anonymity_ids.copy(), rows.cpu().numpy()])
+    return uploads
+
+
+def _as_batch(step: LocalStep, device: torch.device) -> StepBatch:
+    rows = torch.from_numpy(np.asarray(step.real_rows, np.float32)).to(device)[None]
+    return StepBatch([torch.from_numpy(np.asarray(g, np.float32)).to(device)[None] for g in step.model_grads], rows,
+                     [rows.shape[1]], step.embedding[None], np.array([step.loss]), np.array([step.offset]))
+
+
+def local_gradients(cfg: DeviceSections, model: RatingGNN, state: UserState, data: UserData, item_rows: np.ndarray,
+                    rng: np.random.Generator, device: torch.device | None = None,
+                    generator: torch.Generator | None = None) -> LocalStep:
+    """One user's local step (`local_steps` on a batch of one). `generator` draws its dropout masks (by
+    default one seeded from `rng`, as `train_users` does)."""
+    device = device or torch.device("cpu")
+    if data.train_items.size == 0:
+        return idle_steps(model, [state], item_rows.shape[1], device).user(0)
+    if generator is None:
+        generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    return local_steps(cfg, model, [state], [data], [item_rows], [rng], [generator], device).user(0)
+
+
+def protected_upload(cfg: DeviceSections, state: UserState, data: UserData, step: LocalStep,
+                     rng: np.random.Generator, device: torch.device | None = None) -> list[np.ndarray]:
+    """One user's protected upload [*model grads, ids, rows] of a `LocalStep` (`protect` on a batch of one)."""
+    return protect(cfg, [state], [data], _as_batch(step, device or torch.device("cpu")), [rng])[0]
+
+
+PADDING_SLACK = 1.25  # a group's padded item slots may exceed its real ones by at most this factor ...
+SMALL_GROUP_SLOTS = 4096  # ... once it has more slots than this: below it a group's fixed cost dominates
+
+
+def size_groups(order: list[int], sizes: list[int], batch: int, slack: float = PADDING_SLACK,
+                small: int = SMALL_GROUP_SLOTS) -> list[list[int]]:
+    """`order` (users by ascending `sizes`, their rated-item counts) cut into groups of at most `batch`
+    users whose padded slots (group size x its largest user) stay within `slack` x their real ones,
+    or within `small` slots in all.
+
+    A fixed cut of 32 would pad every group to its largest member: on power-law degrees (a median of
+    50 ratings, a maximum of 4,000) that is 8 times the real work. Small groups are not cut for
+    padding: there the per-group Python and kernel overhead costs more than the padded slots."""
+    groups: list[list[int]] = []
+    group: list[int] = []
+    total = 0
+    for k in order:
+        t = sizes[k]
+        padded = (len(group) + 1) * t
+        if group and (len(group) == batch or (padded > slack * (total + t) and padded > small)):
+            groups.append(group)
+            group, total = [], 0
+        group.append(k)
+        total += t
+    return groups + ([group] if group else [])
+
+
+def train_users(users: list[FedGNNUser], weights: list[np.ndarray], rows: list[np.ndarray], server_round: int,
+                round_config: RoundConfig | None = None, batch: int = 32) -> list[list[np.ndarray]]:
+    """Each user's protected upload [*grads, ids, rows] for this round, the local steps and protection of up to
+    `batch` users computed together (batch 1: one user at a time, the same numbers up to float rounding)."""
+    if not users:
+        return []
+    started = [u.begin_train(server_round, round_config) for u in users]
+    rngs = [rng for rng, _ in started]
+    generators = [torch.Generator().manual_seed(seed) for _, seed in started]
+    device, cfg, model = users[0].device, users[0].cfg, users[0].model
+    set_weights(model, weights)
+    rows = [u.item_rows(r) for u, r in zip(users, rows)]
+    uploads: list[list[np.ndarray] | None] = [None] * len(users)
+
+    def finish(group: list[int], steps: StepBatch) -> None:
+        states, datas = [users[k].state for k in group], [users[k].data for k in group]
+        for k, up, emb, off in zip(group, protect(cfg, states, datas, steps, [rngs[k] for k in group]),
+                                   steps.embeddings, steps.offsets):
+            users[k].finish_train(emb, float(off), server_round)
+            uploads[k] = up
+
+    idle = [k for k, u in enumerate(users) if not u.data.train_items.size]
+    if idle:
+        finish(idle, idle_steps(model, [users[k].state for k in idle], row_width(cfg.model), device))
+    active = sorted((k for k, u in enumerate(users) if u.data.train_items.size), key=lambda k: users[k].data.train_items.size)
+    for group in size_groups(active, [u.data.train_items.size for u in users], max(batch, 1)):
+        steps = local_steps(cfg, model, [users[k].state for k in group], [users[k].data for k in group],
+                            [rows[k] for k in group], [rngs[k] for k in group], [generators[k] for k in group], device)
+        finish(group, steps)
+    return uploads
