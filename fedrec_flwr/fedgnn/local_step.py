@@ -211,6 +211,7 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
     p = cfg.privacy
     b = len(states)
     shapes = [tuple(g.shape[1:]) for g in batch.model_grads]
+    ends = np.cumsum([int(np.prod(shape)) for shape in shapes]).tolist()
     with torch.no_grad():
         flat_model = torch.cat([g.reshape(b, -1) for g in batch.model_grads], 1) if shapes else batch.rows.new_zeros((b, 0))
         uploads = []
@@ -232,11 +233,8 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
                 rows.clamp_(-p.clip_delta, p.clip_delta).add_(noise[model_part.numel():].view(rows.shape),
                                                              alpha=p.noise_lambda)
             flat = model_part.cpu().numpy()
-            parts, at = [], 0
-            for shape in shapes:
-                size = int(np.prod(shape))
-                parts.append(flat[at : at + size].reshape(shape))
-                at += size
+            parts = [flat[start:end].reshape(shape)
+                     for shape, start, end in zip(shapes, [0, *ends[:-1]], ends)]
             uploads.append([*parts, st.anonymity_ids.copy(), rows.cpu().numpy()])
     return uploads
 
