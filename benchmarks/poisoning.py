@@ -86,7 +86,7 @@ def run_case(cfg, kind: str | None, fraction: float) -> dict:
             return upload
         sent.append((user, rnd))
         coords = sum(np.asarray(a).size for i, a in enumerate(upload) if i != len(upload) - 2)
-        bound = ldp_coordinate_bound(cfg.privacy.clip_delta, cfg.privacy.noise_lambda, coords)
+        bound = ldp_coordinate_bound(cfg.privacy.clip_delta, cfg.privacy.noise_lambda, coords, PER_CHECK)  # the server's
         return attack(kind, upload, bound, cfg.privacy)
 
     out = run_in_process(cfg, log_every=0, tamper=None if kind is None else tamper)

@@ -134,7 +134,8 @@ def gnn_ms(cfg, model, devices, device: torch.device, repeats: int) -> float:
         rows = [np.random.default_rng(k).standard_normal((devices[k].data.train_items.size, w)).astype(np.float32) * 0.1
                 for k in group]
         items, mask = _pad(rows, max(r.shape[0] for r in rows), w, device)
-        neigh, nmask = _pad([devices[k].state.neighbours for k in group], 0, d, device)
+        neighbours = [devices[k].state.neighbours for k in group]
+        neigh, nmask = _pad(neighbours, max(n.shape[0] for n in neighbours), d, device)
         user = torch.randn(len(group), d, device=device) * 0.1
         targets = torch.randn(mask.shape, device=device)
         built.append((items, mask, neigh, nmask, user, targets, len(group)))

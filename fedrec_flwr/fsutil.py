@@ -114,6 +114,12 @@ def _holder(path: Path) -> int | None:
         return None
 
 
+def _in_use(what: str, folder: Path, holder: int | None, path: Path) -> FolderError:
+    """The one-line error for a folder another live run holds the lock of."""
+    return FolderError(f"{what} {folder} is in use by another run (pid {holder if holder else '?'}, lock file {path}); "
+                       "expected a folder no running run writes: wait for it to end, or choose another folder")
+
+
 @contextmanager
 def folder_lock(folder: Path | str, what: str = "output folder") -> Iterator[Path]:
     """Hold `folder` (created and checked writable) for one run: an advisory lock file `.fedrec.lock` holding
@@ -134,10 +140,7 @@ def folder_lock(folder: Path | str, what: str = "output folder") -> Iterator[Pat
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            holder = _holder(path)
-            raise FolderError(f"{what} {folder} is in use by another run (pid {holder if holder else '?'}, lock "
-                              f"file {path}); expected a folder no running run writes: wait for it to end, or choose "
-                              "another folder") from None
+            raise _in_use(what, folder, _holder(path), path) from None
         except OSError as exc:  # no flock on this file system: the pid in the file decides
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 os.close(fd)
@@ -145,9 +148,7 @@ def folder_lock(folder: Path | str, what: str = "output folder") -> Iterator[Pat
             holder = _holder(path)
             if holder is not None and holder != os.getpid() and _pid_alive(holder):
                 os.close(fd)
-                raise FolderError(f"{what} {folder} is in use by another run (pid {holder}, lock file {path}); "
-                                  "expected a folder no running run writes: wait for it to end, or choose another "
-                                  "folder") from None
+                raise _in_use(what, folder, holder, path) from None
         try:  # a run that finished unlinked the file we opened: lock the new one instead
             if os.fstat(fd).st_ino == os.stat(path).st_ino:
                 break

@@ -33,11 +33,11 @@ from fedrec_flwr.results import RunFailed
 
 def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int], FedGNNUser]) -> None:
     """Rounds before training, one node per user: popularity reports (if the sampler needs them), then registration."""
+    devices = [user(u) for u in users]  # each built once: it reads the user's data
     if rounds.first_round == 0:
-        rounds.popularity(0, [NodeReply(u, frame_users([u], [[user(u).report_popularity()]], 1)) for u in users],
+        rounds.popularity(0, [NodeReply(d.user, frame_users([d.user], [[d.report_popularity()]], 1)) for d in devices],
                           time.time())
     popularity = published_popularity(rounds.server.registration_download(), rounds.server.num_items)
-    devices = [user(u) for u in users]  # each built once: it reads the user's data
     rounds.register(1, [NodeReply(d.user, frame_registration([d.user], [d.register(popularity)], [d.test_count]))
                         for d in devices], time.time())
 

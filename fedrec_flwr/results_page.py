@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedrec_flwr.fsutil import atomic_write
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -211,6 +213,6 @@ def write() -> list[Path]:
         text = path.read_text()
         new = text.replace(current_block(text, start, end), block(start, end, which))
         if new != text:
-            path.write_text(new)
+            atomic_write(path, new)
             changed.append(path)
     return changed

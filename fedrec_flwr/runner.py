@@ -266,15 +266,10 @@ def _preflight(cfg, num_nodes: int) -> None:
         num_ids = _dataset_sizes(cfg)[1] if cfg.algorithm == "fedgnn" else num_nodes  # users, or domains
         load_node_list(_in_project(cfg.deployment.node_list), num_ids)
     if cfg.checkpoint.resume and cfg.algorithm == "fedgnn":
-        from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError, StateShapes, check_shapes, config_diff
+        from fedrec_flwr.fedgnn.checkpoint import Checkpointer, load_resumable
 
         ckpt = Checkpointer(_in_project(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.output_dir) / "checkpoint")
-        state = ckpt.load()  # every field's type, and the shapes its own config describes
-        if diff := config_diff(to_dict(cfg), state["config"]):  # the strategy's own comparison, made first
-            raise CheckpointError(f"checkpoint {ckpt.folder} was written with a different config (sections {diff})")
-        num_items, num_users, features = _dataset_sizes(cfg)
-        check_shapes(ckpt.path, state, StateShapes.of(to_dict(cfg), num_items, num_users, features,
-                                                      source="this run's config and dataset"))
+        load_resumable(ckpt, to_dict(cfg), *_dataset_sizes(cfg))  # the strategy's own check, made first
 
 
 def run_federated(request: RunRequest, out: Path) -> dict:

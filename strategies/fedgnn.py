@@ -21,7 +21,7 @@ from flwr.server.strategy import Strategy
 
 from fedrec_flwr.config import AppConfig, to_dict
 from fedrec_flwr.fedgnn.bindings import bindings_for
-from fedrec_flwr.fedgnn.checkpoint import Checkpointer, StateShapes, check_shapes, config_diff
+from fedrec_flwr.fedgnn.checkpoint import Checkpointer, load_resumable
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
@@ -85,13 +85,8 @@ class FedGNNStrategy(Strategy):
         return self.rounds.phase(self.logical(server_round))
 
     def _resume(self) -> None:
-        state = self.checkpointer.load()  # types, and shapes against the checkpoint's own config
-        diff = config_diff(to_dict(self.cfg), state["config"])
-        if diff:
-            raise ValueError(f"checkpoint {self.checkpointer.folder} was written with a different config (sections {diff})")
-        check_shapes(self.checkpointer.path, state, StateShapes.of(  # and against this run's dataset
-            to_dict(self.cfg), self.server.num_items, self.bindings.num_users, self.server.num_item_features,
-            source="this run's config and dataset"))
+        state = load_resumable(self.checkpointer, to_dict(self.cfg), self.server.num_items, self.bindings.num_users,
+                               self.server.num_item_features)
         done = self.rounds.restore(state)
         self.offset = done - 1
         self.resumed_from = self.last_checkpoint = done

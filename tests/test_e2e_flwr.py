@@ -68,33 +68,26 @@ def test_flwr_run_with_graph_expansion(tmp_path, capsys):
 
 
 @needs_superlink
-def test_flwr_run_fppdm_one_supernode_per_domain(tmp_path, capsys):
-    out = tmp_path / "out"
-    run_main(["--preset", "fppdm", "--dataset", "synthetic-md3", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
-              "--set", "federation.rounds=2", "federation.eval_every=1", "fppdm.model.dim=16",
-              "fppdm.training.local_epochs=1"])
-    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    doc = json.loads((out / "results.json").read_text())
-    assert doc["status"] == "finished" and doc["algorithm"] == "fppdm"
-    assert {"hr@5", "ndcg@5", "hr@10", "ndcg@10", "domain0/hr@10"} <= set(final)
-    train = [r for r in doc["rounds"] if r.get("phase") == "train"]
-    assert len(train) == 2 and all(r["accepted"] == 3 and r["overlapping_users"] > 0 for r in train)
-
-
-@needs_superlink
-def test_flwr_run_fppdm_with_paillier_secure_aggregation(tmp_path, capsys):
-    """The domains share a key the server never gets; the run through flwr ends as the plaintext one does."""
+def test_flwr_run_fppdm_one_supernode_per_domain_in_plaintext_and_under_paillier(tmp_path, capsys):
+    """One SuperNode per domain; then the domains share a key the server never gets, and the run through flwr
+    ends as the plaintext one does (one plaintext run serves both checks: a flwr run costs ~25 s to start)."""
     from fedrec_flwr.privacy.paillier_pack import DomainKeys
+
+    common = ["--preset", "fppdm", "--dataset", "synthetic-md3", "--cache-dir", str(tmp_path / "cache"), "--set",
+              "federation.rounds=2", "federation.eval_every=2", "fppdm.model.dim=8", "fppdm.training.local_epochs=1"]
+    run_main(["--out", str(tmp_path / "plain"), *common])
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    plain = json.loads((tmp_path / "plain" / "results.json").read_text())
+    assert plain["status"] == "finished" and plain["algorithm"] == "fppdm"
+    assert {"hr@5", "ndcg@5", "hr@10", "ndcg@10", "domain0/hr@10"} <= set(final)
+    train = [r for r in plain["rounds"] if r.get("phase") == "train"]
+    assert len(train) == 2 and all(r["accepted"] == 3 and r["overlapping_users"] > 0 for r in train)
 
     key_file = tmp_path / "domains.key.json"
     DomainKeys.generate(1024).save(key_file)
-    common = ["--dataset", "synthetic-md3", "--cache-dir", str(tmp_path / "cache"), "--set", "federation.rounds=2",
-              "federation.eval_every=2", "fppdm.model.dim=8", "fppdm.training.local_epochs=1"]
-    run_main(["--preset", "fppdm", "--out", str(tmp_path / "secure"), *common, "fppdm.secure.enabled=true",
+    run_main(["--out", str(tmp_path / "secure"), *common, "fppdm.secure.enabled=true",
               f"fppdm.secure.key_file={key_file}", "fppdm.secure.key_bits=1024"])
-    run_main(["--preset", "fppdm", "--out", str(tmp_path / "plain"), *common])
     secure = json.loads((tmp_path / "secure" / "results.json").read_text())
-    plain = json.loads((tmp_path / "plain" / "results.json").read_text())
     assert secure["status"] == "finished" and all(r["accepted"] == 3 for r in secure["rounds"] if "accepted" in r)
     up = lambda doc: [r["bytes_up"] for r in doc["rounds"] if "bytes_up" in r]  # noqa: E731
     assert min(up(secure)) > max(up(plain))  # ciphertexts, not floats, went to the server

@@ -47,7 +47,7 @@ def abs_laplace_mgf(s: float, shift: float, noise_lambda: float) -> float:
             + math.exp(-a / lam) / (2 * (1 - s * lam)))
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=None)  # one entry per block size: users' set sizes are fixed at registration
 def ldp_l1_bound(clip_delta: float, noise_lambda: float, coordinates: int,
                  false_rejection: float = FALSE_REJECTION) -> float:
     """Largest L1 norm an honest LDP block of `coordinates` values has, except with probability `false_rejection`.
@@ -67,10 +67,6 @@ def ldp_l1_bound(clip_delta: float, noise_lambda: float, coordinates: int,
     return float(best.fun)
 
 
-def _l1(a: np.ndarray) -> float:
-    return float(np.abs(a, dtype=np.float64).sum()) if a.size else 0.0
-
-
 def check_upload_bounds(privacy: PrivacyConfig, merge: MergeConfig, arrays: list[np.ndarray]) -> None:
     """UploadRejected if one user's upload (float32 model gradients, then the item rows last) is not one an honest
     client could send: with LDP, a coordinate past the Laplace tail or a block whose L1 norm is past its Chernoff
@@ -80,13 +76,14 @@ def check_upload_bounds(privacy: PrivacyConfig, merge: MergeConfig, arrays: list
         share = PER_CHECK
         coordinates = sum(a.size for a in arrays)
         bound = ldp_coordinate_bound(privacy.clip_delta, privacy.noise_lambda, coordinates, share)
-        peak = max((float(np.abs(a).max()) for a in arrays if a.size), default=0.0)
+        magnitudes = [np.abs(a) for a in arrays]  # one pass per array for both the peak and the L1 norms
+        peak = max((float(m.max()) for m in magnitudes if m.size), default=0.0)
         if peak > bound:
             raise UploadRejected(f"a coordinate of {peak:.3g} exceeds the LDP bound {bound:.3g} "
                                  f"(clip {privacy.clip_delta:g} + Laplace({privacy.noise_lambda:g}) tail)")
-        for name, block in (("model gradients", model), ("item rows", [rows])):
+        for name, block in (("model gradients", magnitudes[:-1]), ("item rows", magnitudes[-1:])):
             size = sum(a.size for a in block)
-            norm = math.fsum(_l1(a) for a in block)
+            norm = math.fsum(float(a.sum(dtype=np.float64)) for a in block)
             limit = ldp_l1_bound(privacy.clip_delta, privacy.noise_lambda, size, share)
             if norm > limit:
                 raise UploadRejected(f"{name}: L1 norm {norm:.4g} over {size} coordinates exceeds the {limit:.4g} an "

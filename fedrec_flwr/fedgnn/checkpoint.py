@@ -283,3 +283,15 @@ def config_diff(now: dict[str, Any], then: dict[str, Any]) -> list[str]:
     """Config sections that differ between two runs, ignoring those a resumption may change."""
     keys = (set(now) | set(then)) - set(RESUME_FREE)
     return sorted(k for k in keys if now.get(k) != then.get(k))
+
+
+def load_resumable(checkpointer: "Checkpointer", cfg: dict, num_items: int, num_users: int,
+                   num_item_features: int) -> dict:
+    """The checkpoint's state, once it is known to be this run's: CheckpointError if it was written with another
+    config (by section) or its shapes differ from what this run's config and dataset give."""
+    state = checkpointer.load()  # every field's type, and the shapes its own config describes
+    if diff := config_diff(cfg, state["config"]):
+        raise CheckpointError(f"checkpoint {checkpointer.folder} was written with a different config (sections {diff})")
+    check_shapes(checkpointer.path, state, StateShapes.of(cfg, num_items, num_users, num_item_features,
+                                                          source="this run's config and dataset"))
+    return state

@@ -27,7 +27,7 @@ from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, ready, set_weigh
 from fedrec_flwr.models.dense_star import DenseStars, dense_predict, per_user_copies
 from fedrec_flwr.models.rating_gnn import RatingGNN, row_width
 from fedrec_flwr.privacy import pseudo_gradient_rows
-from fedrec_flwr.privacy.ldp import standard_laplace
+from fedrec_flwr.privacy.ldp import privatize_flat
 
 
 def _pad(rows: list[np.ndarray], width: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +96,7 @@ def idle_steps(model: RatingGNN, states: list[UserState], width: int, device: to
     b = len(states)
     return StepBatch([torch.zeros((b, *p.shape), device=device) for p in model.parameters()],
                      torch.zeros((b, 0, width), device=device), [0] * b,
-                     np.stack([st.embedding for st in states]) if b else np.zeros((0, model.dim), np.float32),
+                     np.stack([st.embedding for st in states]),
                      np.zeros(b), np.array([st.offset for st in states], np.float64))
 
 
@@ -155,11 +155,11 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
 
     grad_sum = [torch.zeros_like(p) for p in leaves]
     row_grad = torch.zeros_like(items_x)
-    losses = np.zeros((cfg.local.steps, b))
+    loss_sum = torch.zeros(b, dtype=torch.float64, device=device)
     sizes = np.array([t for t, _ in counts])
     # uploads carry the gradient of the summed loss with local.loss = "sum": each user's scale is its pick's size
     picked = np.minimum(sizes, cfg.local.batch_size).astype(np.float32)
-    scale = torch.from_numpy(picked if cfg.local.loss == "sum" else np.ones(b, np.float32)).to(device)
+    scale = torch.from_numpy(picked).to(device) if cfg.local.loss == "sum" else None
     for s in range(cfg.local.steps):
         weight = np.zeros((b, width), np.float32)
         for k, (rng, t) in enumerate(zip(rngs, sizes)):
@@ -171,7 +171,7 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
         grads = torch.autograd.grad(per_user.sum(), [*leaves, items_x, user_x, *([offset] if private else [])])
         if private:
             *grads, g_offset = grads
-        step = [expand(scale, g) * g for g in grads[: len(leaves) + 1]]
+        step = list(grads[: len(leaves) + 1]) if scale is None else [expand(scale, g) * g for g in grads[: len(leaves) + 1]]
         if delta:  # each local step moves by the clipped gradient, as the server would apply it
             step = [torch.clamp(g, -cfg.privacy.clip_delta, cfg.privacy.clip_delta) for g in step]
         for acc, g in zip(grad_sum, step[: len(leaves)]):
@@ -185,7 +185,7 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
                 for p, g in zip(leaves, step[: len(leaves)]):
                     p -= cfg.local.lr * g
                 items_x -= cfg.local.lr * step[len(leaves)]
-        losses[s] = per_user.detach().cpu().numpy()
+        loss_sum += per_user.detach()
     full = (item_mask / item_mask.sum(1, keepdim=True))
     for _ in range(cfg.local.user_steps - 1):  # extra private steps: personalisation costs no privacy
         err = (predict(item_input(items_x).detach()) - targets) ** 2
@@ -200,7 +200,7 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
         rows_out = row_grad.detach() if steps == 1 else row_grad.detach() / steps
     offsets = offset.detach().cpu().numpy().astype(np.float64) if private else np.array([st.offset for st in states])
     return StepBatch(model_grads, rows_out, [t for t, _ in counts], user_x.detach().cpu().numpy(),
-                     losses.mean(0), offsets)
+                     (loss_sum / cfg.local.steps).cpu().numpy(), offsets)
 
 
 def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData], batch: StepBatch,
@@ -214,28 +214,25 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
     ends = np.cumsum([int(np.prod(shape)) for shape in shapes]).tolist()
     with torch.no_grad():
         flat_model = torch.cat([g.reshape(b, -1) for g in batch.model_grads], 1) if shapes else batch.rows.new_zeros((b, 0))
+        size = flat_model.shape[1]
         uploads = []
         for k, (st, data, rng) in enumerate(zip(states, datas, rngs)):
             real = batch.rows[k, : batch.counts[k]]
-            rows = real.new_empty((st.anonymity_ids.size, real.shape[1]))
-            is_real = np.zeros(st.anonymity_ids.size, bool)
-            is_real[np.searchsorted(st.anonymity_ids, data.train_items)] = True
-            real_at = torch.from_numpy(np.flatnonzero(is_real)).to(rows.device)
-            rows[real_at] = real  # both in ascending item-id order
+            upload = flat_model.new_empty(size + st.anonymity_ids.size * real.shape[1])  # the wire's order, flat
+            upload[:size] = flat_model[k]
+            rows = upload[size:].view(st.anonymity_ids.size, real.shape[1])
+            is_pseudo = np.ones(st.anonymity_ids.size, bool)
+            real_at = np.searchsorted(st.anonymity_ids, data.train_items)
+            is_pseudo[real_at] = False
+            rows[torch.from_numpy(real_at).to(rows.device)] = real  # both in ascending item-id order
             normals = torch.Generator().manual_seed(int(rng.integers(2**62)))  # the pseudo rows' stream, from the user's
-            rows[torch.from_numpy(np.flatnonzero(~is_real)).to(rows.device)] = pseudo_gradient_rows(
-                normals, real, int((~is_real).sum()))
-            model_part = flat_model[k]
-            if p.ldp:  # one draw for the whole upload, model gradients first, as the wire carries them
-                noise = torch.from_numpy(standard_laplace(rng, model_part.numel() + rows.numel())).to(rows.device)
-                model_part = model_part.clamp(-p.clip_delta, p.clip_delta).add_(noise[: model_part.numel()],
-                                                                                alpha=p.noise_lambda)
-                rows.clamp_(-p.clip_delta, p.clip_delta).add_(noise[model_part.numel():].view(rows.shape),
-                                                             alpha=p.noise_lambda)
-            flat = model_part.cpu().numpy()
-            parts = [flat[start:end].reshape(shape)
-                     for shape, start, end in zip(shapes, [0, *ends[:-1]], ends)]
-            uploads.append([*parts, st.anonymity_ids.copy(), rows.cpu().numpy()])
+            rows[torch.from_numpy(np.flatnonzero(is_pseudo)).to(rows.device)] = pseudo_gradient_rows(
+                normals, real, st.anonymity_ids.size - real_at.size)
+            if p.ldp:  # one draw for the whole upload, model gradients first
+                privatize_flat(upload, p.clip_delta, p.noise_lambda, rng)
+            flat = upload.cpu().numpy()
+            parts = [flat[start:end].reshape(shape) for shape, start, end in zip(shapes, [0, *ends[:-1]], ends)]
+            uploads.append([*parts, st.anonymity_ids.copy(), flat[size:].reshape(tuple(rows.shape))])
     return uploads
 
 
@@ -251,10 +248,10 @@ def local_gradients(cfg: DeviceSections, model: RatingGNN, state: UserState, dat
     """One user's local step (`local_steps` on a batch of one). `generator` draws its dropout masks (by
     default one seeded from `rng`, as `train_users` does)."""
     device = device or torch.device("cpu")
+    if generator is None:  # drawn first, with or without ratings, as `FedGNNUser.begin_train` draws it
+        generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
     if data.train_items.size == 0:
         return idle_steps(model, [state], item_rows.shape[1], device).user(0)
-    if generator is None:
-        generator = torch.Generator().manual_seed(int(rng.integers(2**62)))
     return local_steps(cfg, model, [state], [data], [item_rows], [rng], [generator], device).user(0)
 
 

@@ -388,13 +388,13 @@ class NeighbourService:
             run.token_id[t] = len(postings)
             added.append(len(postings))
             postings.append(array.array("i"))
-            delta += TOKEN_STR_BYTES + INT_BYTES + ARRAY_OVERHEAD + ARRAY_FIXED  # + its buffer, below
+            delta += TOKEN_STR_BYTES + INT_BYTES + ARRAY_OVERHEAD  # + its array, below
         for i in added:
             postings[i].append(slot)
         ids = np.fromiter((run.token_id[t] for t in toks), np.int32, len(toks))
         ids.sort()
         run.token_ids[slot] = ids
-        delta += obj_bytes(ids) + sum(size(postings[i]) for i in added) - len(new) * ARRAY_FIXED
+        delta += obj_bytes(ids) + sum(size(postings[i]) for i in added)
         delta += sum(obj_bytes(c) for c in run.containers()) - before
         run.stored_bytes += delta
 

@@ -45,23 +45,28 @@ def ledoit_wolf_shrinkage(x: torch.Tensor) -> Shrinkage:
     n x n Gram matrix xc xc^T, so every term (tr S, ||S||_F, sum_k ||x_k||^4) is computed from whichever
     of the two is smaller: O(n p min(n, p)), never more. Float64: the terms cancel.
     """
+    return _fit(x)[0]
+
+
+def _fit(x: torch.Tensor) -> tuple[Shrinkage, torch.Tensor | None]:
+    """`ledoit_wolf_shrinkage`, and the p x p scatter xc^T xc when it was the smaller matrix (n > p), else None."""
     x = x.to(torch.float64)
     n, p = x.shape
     mean = x.mean(0)
     if n < 2:
         var = float(x.square().mean()) if x.numel() else 0.0
-        return Shrinkage(mean, 1.0, var)
+        return Shrinkage(mean, 1.0, var), None
     xc = x - mean
     small = xc @ xc.T if n <= p else xc.T @ xc  # Gram (n x n) or scatter (p x p): same Frobenius norm
     sq_norms = xc.square().sum(1)
-    trace_s = float(sq_norms.sum()) / n
-    fro2_s = float(small.square().sum()) / n**2
+    trace_s, fro2_s, sq4 = torch.stack([sq_norms.sum(), small.square().sum(), sq_norms.square().sum()]).tolist()
+    trace_s, fro2_s = trace_s / n, fro2_s / n**2
     mu = trace_s / p
     d2 = fro2_s - 2 * mu * trace_s + mu * mu * p  # ||S - mu I||_F^2
     # (1/n^2) sum_k ||x_k x_k^T - S||_F^2 = (1/n^2) [sum_k ||x_k||^4 - n ||S||_F^2]
-    b2_bar = (float(sq_norms.square().sum()) - n * fro2_s) / n**2
+    b2_bar = (sq4 - n * fro2_s) / n**2
     alpha = 1.0 if d2 <= 0 else min(max(b2_bar, 0.0), d2) / d2
-    return Shrinkage(mean, alpha, mu)
+    return Shrinkage(mean, alpha, mu), (small if n > p else None)
 
 
 def pseudo_gradient_rows(generator: torch.Generator, real_rows: torch.Tensor, count: int) -> torch.Tensor:
@@ -77,10 +82,9 @@ def pseudo_gradient_rows(generator: torch.Generator, real_rows: torch.Tensor, co
     device = real_rows.device
     if count == 0 or k == 0:  # no real rows (a user without training ratings): nothing to imitate
         return torch.zeros((count, p), dtype=torch.float32, device=device)
-    mean, alpha, mu = ledoit_wolf_shrinkage(real_rows)
-    if k >= 2 and alpha < 1.0 and k > p:
-        xc = real_rows.to(torch.float64) - mean
-        cov = (1.0 - alpha) * (xc.T @ xc) / k + alpha * mu * torch.eye(p, dtype=torch.float64, device=device)
+    (mean, alpha, mu), scatter = _fit(real_rows)
+    if scatter is not None and alpha < 1.0:  # k > p
+        cov = (1.0 - alpha) * scatter / k + alpha * mu * torch.eye(p, dtype=torch.float64, device=device)
         factor, info = torch.linalg.cholesky_ex(cov)
         if int(info) == 0:
             z = torch.randn((count, p), generator=generator).to(device)
