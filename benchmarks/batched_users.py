@@ -2,7 +2,7 @@
 
     python -m benchmarks.batched_users --data-dir DATA [--rounds 5] [--repeats 3]
 
-For each case (the `quickstart` preset on the embedded synthetic data, d = 32; `fedgnn_private` on
+For each case (the `quickstart` preset on the embedded synthetic data, d = 32; `fedgnn_tuned` on
 ML-100K, d = 256, skipped when its files are absent; `fedgnn_paper`, GAT d = 256, on 1,000 synthetic
 users shaped like ML-10M, whose power-law degrees test the grouping's padding) runs `fedrec_flwr.inprocess` with
 `simulation.user_batch` = 1 and = 32, alternating, `repeats` times, on one thread; records the
@@ -28,7 +28,7 @@ from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.inprocess import run_in_process
 
 ML10M_SHAPE = ("data.synthetic.num_users=1000", "data.synthetic.num_items=10677", "data.synthetic.mean_degree=180")
-CASES = [("quickstart", "synthetic", ()), ("fedgnn_private", "ml-100k", ()), ("fedgnn_paper", "synthetic", ML10M_SHAPE)]
+CASES = [("quickstart", "synthetic", ()), ("fedgnn_tuned", "ml-100k", ()), ("fedgnn_paper", "synthetic", ML10M_SHAPE)]
 
 
 def _round_seconds(preset: str, dataset: str, data_dir: str, rounds: int, batch: int,

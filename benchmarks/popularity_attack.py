@@ -6,7 +6,8 @@ For each dataset and pseudo-item sampler (`uniform`: the paper's M pseudo items 
 unrated items; `popularity`: matched to the users' LDP popularity reports per stratum) the users
 register through the same round core as `flwr run` (`fedrec_flwr.fedgnn.rounds`, in-process). The
 server then ranks every received set by (a) how many received sets hold each item, which it always
-knows, and (b) the true training popularity, which a stronger server may have from public data.
+knows, (b) the true training popularity, which a stronger server may have from public data, and (c)
+each item's mean co-occurrence lift (or cosine) with the set's other items across the other sets.
 Reported: mean per-user AUC (0.5 is chance), top-10 precision against the base rate (the real
 share of a set), and the mean set size (rows per upload: the traffic). Writes
 benchmarks/results/popularity_attack.json.
@@ -44,9 +45,11 @@ def main() -> None:
                                                "settings": {k: getattr(cfg.privacy, k) for k in (
                                                    "pseudo_items", "pseudo_ratio", "popularity_bins", "popularity_epsilon")}}
             obs, true = r["observed set counts"], r["true training popularity"]
+            lift, cosine = r["co-occurrence lift"], r["co-occurrence cosine"]
             print(f"{dataset:8s} {sampler:10s} set {r['mean_set_size']:7.1f} rows | AUC observed {obs['auc']:.3f} "
-                  f"true {true['auc']:.3f} | top-10 {obs['top_precision']:.2f}/{true['top_precision']:.2f} "
-                  f"base {obs['base_rate']:.2f} ({time.time() - t0:.0f}s)", flush=True)
+                  f"true {true['auc']:.3f} lift {lift['auc']:.3f} cosine {cosine['auc']:.3f} | top-10 "
+                  f"{obs['top_precision']:.2f}/{true['top_precision']:.2f} base {obs['base_rate']:.2f} "
+                  f"({time.time() - t0:.0f}s)", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"preset": args.preset, "date": time.strftime("%Y-%m-%d"),
                                           "results": results}, indent=1))

@@ -1,6 +1,6 @@
 """The privacy-utility curve: test RMSE against the privacy budget each user has spent.
 
-    python -m benchmarks.privacy_utility --data-dir DATA [--datasets ml-100k douban] [--preset fedgnn_private]
+    python -m benchmarks.privacy_utility --data-dir DATA [--datasets ml-100k douban] [--preset fedgnn_tuned]
         [--lambdas 0.1 0.2 0.4] [--epochs 6] [--uploads delta]
 
 One in-process run (the round core and user code of `flwr run`, `fedrec_flwr.inprocess`) per dataset and
@@ -97,7 +97,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_dir(ap)
     ap.add_argument("--datasets", nargs="+", default=["ml-100k", "douban"])
-    ap.add_argument("--preset", default="fedgnn_private")
+    ap.add_argument("--preset", default="fedgnn_tuned")
     ap.add_argument("--lambdas", nargs="+", type=float, default=[0.1, 0.2, 0.4])
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--uploads", nargs="*", default=[], choices=["delta"], help="also run these local.upload modes at lambda 0.2")

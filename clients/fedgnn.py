@@ -31,6 +31,7 @@ from fedrec_flwr.fedgnn.protocol import (
     frame_users,
     published_popularity,
     split_download,
+    split_table_download,
 )
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, UserStore
 from fedrec_flwr.models.rating_gnn import build_model
@@ -75,6 +76,8 @@ class FedGNNClient(NumPyClient):
             counts = [self._user(u).expand(rc.expansion, rc.retries, rc.phase == PHASE_EXPAND_SUBMIT,
                                            rc.phase == PHASE_EXPAND_FETCH, rc.round) for u in self.user_ids]
             return [], len(counts), {"phase": rc.phase, "neighbours": int(sum(counts)), "users": len(counts)}
+        if self.cfg.privacy.mode == "user_dp":
+            return self._fit_user_dp(parameters, rc)
         weights, users, rows = split_download(parameters, self.num_weights)
         parts = train_users([self._user(int(u)) for u in users], weights, rows, rc.round, rc,
                             self.cfg.simulation.user_batch)
@@ -83,10 +86,26 @@ class FedGNNClient(NumPyClient):
         eps = epsilon_per_coordinate(p.clip_delta, p.noise_lambda) if p.ldp else float("inf")
         return upload, len(users), {"phase": PHASE_TRAIN, "epsilon_per_coordinate": eps}
 
+    def _fit_user_dp(self, parameters, rc: RoundConfig):
+        """User-level DP: every hosted user is asked; those that sample themselves contribute their clipped update,
+        and the node's one vector (with the noise share of all it hosts) goes through SecAgg+ (`fedgnn.user_dp`).
+        num_examples is 1 so that SecAgg+'s weighted mean over nodes times their number is the plain sum."""
+        from fedrec_flwr.fedgnn.user_dp import node_update
+
+        weights, table, _ = split_table_download(parameters, self.num_weights)  # every hosted user is asked
+        f = self.cfg.federation
+        vector = node_update([self._user(u) for u in self.user_ids], weights, table, rc.round, rc,
+                             self.cfg.simulation.user_batch, self.meta.num_users, f.clients_per_round, f.rounds)
+        return vector, 1, {"phase": PHASE_TRAIN, "users": len(self.user_ids)}
+
     def evaluate(self, parameters, config):
         """Squared and absolute error sums over the requested users' own test ratings."""
         self.store.begin_round(RoundConfig.from_flower(config))
-        weights, users, rows = split_download(parameters, self.num_weights)
+        if self.cfg.privacy.mode == "user_dp":  # the whole table, for every user of the node
+            weights, table, users = split_table_download(parameters, self.num_weights)
+            rows = [table] * len(users)
+        else:
+            weights, users, rows = split_download(parameters, self.num_weights)
         sse = sae = 0.0
         n = 0
         for u, r in zip(users, rows):

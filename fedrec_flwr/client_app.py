@@ -135,4 +135,15 @@ def fedgnn_client(cfg: AppConfig, context: Context, device: torch.device):
     return with_faults(client, cfg.faults, cfg.seed).to_client()
 
 
-app = ClientApp(client_fn=client_fn)
+def optional_secaggplus_mod(msg, context: Context, call_next):
+    """Flower's `secaggplus_mod` for the training messages that carry a SecAgg+ config (user-level DP's training
+    rounds); every other message passes straight through (the mod itself would refuse a plain training message)."""
+    from flwr.app.message_type import MessageType
+    from flwr.client.mod import secaggplus_mod
+
+    if msg.metadata.message_type == MessageType.TRAIN and "secaggplus_configs" not in msg.content.config_records:
+        return call_next(msg, context)
+    return secaggplus_mod(msg, context, call_next)
+
+
+app = ClientApp(client_fn=client_fn, mods=[optional_secaggplus_mod])

@@ -121,7 +121,24 @@ class ModelConfig:
 
 @dataclass
 class PrivacyConfig:
-    """FedGNN upload protection: pseudo items and local differential privacy."""
+    """FedGNN upload protection: the paper's pseudo items and local DP ("ldp"), or user-level DP on the sum of the
+    sampled users' clipped updates under secure aggregation ("user_dp", fedrec_flwr.fedgnn.user_dp)."""
+
+    # "ldp": the paper's mechanism (anonymity sets of pseudo items; with `ldp`, every coordinate clipped and
+    # Laplace-noised). "user_dp": each user samples itself with probability clients_per_round / users, clips its
+    # whole update (model and item-table gradient) to L2 norm clip_norm and adds its share of Gaussian noise;
+    # the server sees only the SecAgg+ sum of all users' vectors (the pseudo-item and ldp keys are unused)
+    mode: str = "ldp"
+    clip_norm: float = ranged(1.0, _POSITIVE)  # user_dp: C, the L2 bound of one user's whole update
+    # user_dp: sigma, the noise on the sum has standard deviation sigma * C; 0: calibrated from target_epsilon
+    noise_multiplier: float = ranged(0.0, _NON_NEGATIVE)
+    # user_dp: the user-level epsilon (at `delta`) a run may spend; training stops before it would exceed it
+    # (0: no limit, with noise_multiplier > 0)
+    target_epsilon: float = ranged(8.0, _NON_NEGATIVE)
+    # user_dp: SecAgg+ key shares per node as a fraction of the nodes (1.0: every node) and the fraction of
+    # a node's shares that must survive to unmask it
+    secagg_shares: float = ranged(1.0, Range(0, 1, open_low=True, text="0 < fraction <= 1"))
+    secagg_threshold: float = ranged(0.5, Range(0, 1, open_low=True, text="0 < fraction <= 1"))
 
     pseudo_items: int = ranged(1000, _NON_NEGATIVE)  # M: the uniform sampler draws max(M, K) pseudo items for K own items
     # "uniform": pseudo items uniformly among the unrated items (the paper); "popularity": in every
@@ -394,6 +411,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "local.loss": ("mean", "sum"),
     "local.upload": ("gradient", "delta"),
     "privacy.pseudo_sampler": ("uniform", "popularity"),
+    "privacy.mode": ("ldp", "user_dp"),
     "merge.robust": ("mean", "median", "trimmed"),
     "server_opt.name": ("sgd", "adam"),
     "expansion.mode": ("none", "fixed", "trainable"),
@@ -601,7 +619,9 @@ def _validate(cfg: AppConfig) -> None:
     if cfg.model.user_offset_init != "zero" and not cfg.model.user_offset:
         raise ConfigError(f"config key 'model.user_offset_init' = {cfg.model.user_offset_init!r} needs "
                           "model.user_offset = true (there is no private offset to start otherwise)")
-    if cfg.privacy.ldp and cfg.privacy.noise_lambda <= 0:
+    if cfg.privacy.mode == "user_dp":
+        _validate_user_dp(cfg)
+    elif cfg.privacy.ldp and cfg.privacy.noise_lambda <= 0:
         raise ConfigError("config key 'privacy.noise_lambda' must be > 0 when privacy.ldp is true")
     item_rate = cfg.server_opt.item_rate
     if item_rate * cfg.server_opt.item_weight_decay >= 1.0:
@@ -610,6 +630,24 @@ def _validate(cfg: AppConfig) -> None:
     if cfg.federation.min_clients > cfg.federation.clients_per_round:
         raise ConfigError(f"config key 'federation.min_clients' = {cfg.federation.min_clients}; expected <= "
                           f"federation.clients_per_round ({cfg.federation.clients_per_round})")
+
+
+def _validate_user_dp(cfg: AppConfig) -> None:
+    """The combinations user-level DP refuses, each with its reason."""
+    p = cfg.privacy
+    if p.noise_multiplier <= 0 and p.target_epsilon <= 0:
+        raise ConfigError("privacy.mode = 'user_dp' needs privacy.target_epsilon > 0 (sigma calibrated to it) or "
+                          "privacy.noise_multiplier > 0; with neither, the sum would carry no noise")
+    if cfg.expansion.mode != "none":
+        raise ConfigError(f"privacy.mode = 'user_dp' with expansion.mode = {cfg.expansion.mode!r}: graph expansion sends "
+                          "each user's embedding, trained on its ratings, to the neighbour service without noise, which "
+                          "the user-level guarantee does not cover; set expansion.mode = none")
+    if cfg.merge.robust != "mean":
+        raise ConfigError(f"privacy.mode = 'user_dp' with merge.robust = {cfg.merge.robust!r}: under secure aggregation "
+                          "the server sees only the sum, so a coordinate-wise median or trimmed mean cannot be taken")
+    if cfg.local.upload != "gradient":
+        raise ConfigError("privacy.mode = 'user_dp' with local.upload = 'delta': use 'gradient' (the delta path "
+                          "clips each local step per coordinate to privacy.clip_delta, an LDP setting)")
 
 
 def load_config(

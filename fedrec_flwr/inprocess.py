@@ -22,10 +22,12 @@ from fedrec_flwr.fedgnn.protocol import (
     frame_users,
     published_popularity,
     split_download,
+    split_table_download,
 )
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.user_dp import node_update
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.results import RunFailed
@@ -70,26 +72,41 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
     register_users(rounds, users, user)
     connected = set(users)  # node id = user id
     history, t_start = [], time.time()
-    for rnd in range(2, cfg.federation.rounds + 2):
+    user_dp = cfg.privacy.mode == "user_dp"
+    if user_dp and (tamper is not None or probe is not None):
+        raise ValueError("tamper and probe read per-user uploads and anonymity sets, which privacy.mode = user_dp has not")
+    last = rounds.budget_rounds  # the training rounds the run's privacy budget allows (all, outside user_dp)
+    for rnd in range(2, last + 2):
         t0 = time.time()
         weights = server.model_weights()
         plan = rounds.plan_train(rnd, connected)  # node -> hosted users; the round's users train as one batch
         hosted = [u for us in plan.values() for u in us]
-        _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
-        uploads = dict(zip(hosted, train_users([user(u) for u in hosted], weights, rows, rnd, None,
-                                               cfg.simulation.user_batch)))
-        replies = [NodeReply(node, frame_train_upload(us, [uploads[u] if tamper is None else tamper(u, rnd, uploads[u])
-                                                           for u in us])) for node, us in plan.items()]
-        out = rounds.train(rnd, replies, [], t0, 0.0)
+        if user_dp:  # one node hosting every user: the same sum, and all N noise shares in one draw
+            f = cfg.federation
+            _, table, _ = split_table_download(rounds.download(hosted, weights), len(weights))
+            vector = node_update([user(u) for u in hosted], weights, table, rnd, None, cfg.simulation.user_batch,
+                                 meta.num_users, f.clients_per_round, f.rounds)
+            out = rounds.train_sum(rnd, vector, len(hosted), 1, [], t0, 0.0, 0.0)
+        else:
+            _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
+            uploads = dict(zip(hosted, train_users([user(u) for u in hosted], weights, rows, rnd, None,
+                                                   cfg.simulation.user_batch)))
+            replies = [NodeReply(node, frame_train_upload(us, [uploads[u] if tamper is None else tamper(u, rnd, uploads[u])
+                                                               for u in us])) for node, us in plan.items()]
+            out = rounds.train(rnd, replies, [], t0, 0.0)
         rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": out["accepted"], "rejected": out["rejected"]}
-        if rounds.is_eval_round(rnd - 1 == cfg.federation.rounds):
+        if rounds.is_eval_round(rnd - 1 == last):
             weights = server.model_weights()
 
             def rmse(table: np.ndarray | None = None) -> float:
                 if table is None:
                     replies = []
                     for node, hosted in rounds.plan_eval(connected).items():
-                        _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
+                        if user_dp:
+                            _, table, _ = split_table_download(rounds.download(hosted, weights), len(weights))
+                            rows = [table] * len(hosted)
+                        else:
+                            _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
                         sse, sae, n = (sum(x) for x in zip(*(user(u).evaluate(weights, r) for u, r in zip(hosted, rows))))
                         replies.append(NodeReply(node, metrics={"sse": sse, "sae": sae, "n": int(n)}))
                     return rounds.evaluate(rnd, replies, 0)["rmse"]

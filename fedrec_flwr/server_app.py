@@ -132,4 +132,51 @@ def trivial_components(cfg) -> ServerAppComponents:
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.federation.rounds))
 
 
-app = ServerApp(server_fn=server_fn)
+def secagg_fit_workflow(cfg, strategy):
+    """Flower's SecAgg+ for the rounds that need it (user-level DP's training rounds), Flower's plain fit workflow
+    for the others (registration), dispatched by the strategy's own phase of each round."""
+    from flwr.server.workflow import SecAggPlusWorkflow
+    from flwr.server.workflow.default_workflows import default_fit_workflow
+
+    from fedrec_flwr.federation_size import user_nodes
+    from fedrec_flwr.fedgnn.accounting import run_noise_multiplier
+    from fedrec_flwr.fedgnn.user_dp import secagg_clipping_range, secagg_quantization_range
+
+    p, f = cfg.privacy, cfg.federation
+    num_users = strategy.bindings.num_users
+    sigma = run_noise_multiplier(p, f.clients_per_round, num_users, f.rounds)
+    per_node = 1 if cfg.data.catalogue else cfg.simulation.users_per_node
+    nodes = num_users if cfg.data.catalogue else user_nodes(cfg)
+    secure = SecAggPlusWorkflow(num_shares=p.secagg_shares, reconstruction_threshold=p.secagg_threshold, max_weight=1.0,
+                                clipping_range=secagg_clipping_range(p.clip_norm, sigma, per_node),
+                                quantization_range=secagg_quantization_range(nodes),
+                                timeout=f.round_timeout or None)
+
+    def fit(grid, context) -> None:
+        """One fit round, secure or plain by the strategy's phase of it."""
+        server_round = int(context.state.config_records["config"]["current_round"])
+        (secure if strategy.is_secure_round(server_round) else default_fit_workflow)(grid, context)
+
+    return fit
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid, context: Context) -> None:
+    """Build the configured algorithm's strategy (`server_fn`), then run it: through Flower's DefaultWorkflow with
+    SecAgg+ in the secure rounds for FedGNN under user-level DP, else as a plain strategy (Flower's compat path)."""
+    from flwr.server import LegacyContext
+    from flwr.server.compat import start_grid
+    from flwr.server.workflow import DefaultWorkflow
+
+    components = server_fn(context)
+    cfg = from_run_config(context.run_config)
+    if cfg.algorithm == "fedgnn" and cfg.privacy.mode == "user_dp":
+        strategy = components.strategy
+        legacy = LegacyContext(context=context, config=components.config, strategy=strategy)
+        DefaultWorkflow(fit_workflow=secagg_fit_workflow(cfg, strategy))(grid, legacy)
+        return
+    start_grid(server=components.server, config=components.config, strategy=components.strategy,
+               client_manager=components.client_manager, grid=grid)

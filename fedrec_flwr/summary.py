@@ -85,7 +85,18 @@ def check_results(file: Path, doc: Any) -> dict:
             if missing:
                 fail("baselines", baselines, f"the trivial baselines global_mean, user_mean and item_mean (missing {missing})")
     privacy = doc.get("privacy")
-    if privacy:
+    if privacy and isinstance(privacy, dict) and privacy.get("mode") == "user_dp":
+        try:
+            numbers = [privacy["delta"], privacy["epsilon"], privacy["noise_multiplier"], privacy["sample_rate"],
+                       privacy["clip_norm"], privacy["rounds"], privacy["epsilon_at_1_over_n"]["epsilon"],
+                       privacy["epsilon_at_1_over_n"]["delta"]]
+            ok = isinstance(privacy["neighbouring"], str) and all(_number(v) for v in numbers)
+        except (KeyError, TypeError):
+            ok = False
+        if not ok:
+            fail("privacy", privacy, "the user-level budget (neighbouring, delta, epsilon, noise_multiplier, "
+                                     "sample_rate, clip_norm, rounds, epsilon_at_1_over_n)")
+    elif privacy:
         try:
             numbers = [privacy["delta"], privacy["epsilon_per_coordinate_per_upload"],
                        privacy["per_upload"]["coordinates"], privacy["per_upload"]["basic"], privacy["per_upload"]["tight"],
@@ -154,14 +165,21 @@ def summarize(path: str) -> str:
             best = best_trivial(baselines)
             lines.append(f"  model {rmse:.4f} is {100 * (1 - rmse / best):.1f}% below the best trivial baseline ({best:.4f})")
     budget = doc.get("privacy")
-    if budget:
+    if budget and budget.get("mode") == "user_dp":
+        n = budget["epsilon_at_1_over_n"]
+        lines.append(f"  privacy ({budget['neighbouring']}): user-level epsilon {budget['epsilon']:.3g} at delta "
+                     f"{budget['delta']:g} ({n['epsilon']:.3g} at delta 1/N = {n['delta']:.2g}) over "
+                     f"{budget['rounds']} rounds; noise multiplier {budget['noise_multiplier']:.3g}, clip "
+                     f"{budget['clip_norm']:g}, sampling rate {budget['sample_rate']:.3g}")
+    elif budget:
         one, run = budget["per_upload"], budget["per_user_run"]
         lines.append(f"  privacy ({budget['neighbouring']}; tight = RDP at delta {budget['delta']:g}):")
         lines.append(f"    epsilon {budget['epsilon_per_coordinate_per_upload']:g} per coordinate of one upload")
         lines.append(f"    one upload ({one['coordinates']:,} coordinates): {one['basic']:.4g} basic, {one['tight']:.4g} tight")
         for which in ("median", "max"):
             r = run[which]
-            lines.append(f"    {which} user over the run ({r['uploads']} uploads): {r['basic']:.4g} basic, {r['tight']:.4g} tight")
+            lines.append(f"    {which} user over the run ({r['uploads']} uploads): {r['basic']:.4g} basic, {r['tight']:.4g} tight"
+                         + (f" ({r['tight_at_1_over_n']['epsilon']:.4g} at delta 1/N)" if "tight_at_1_over_n" in r else ""))
     if up and down:
         lines.append(f"  per client per round: {sum(up) / len(up) / 1e6:.3f} MB up, {sum(down) / len(down) / 1e6:.3f} MB down")
     lines.append(f"  results: {path}/results.json")

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from flwr.common import EvaluateIns, FitIns, Parameters, ndarrays_to_parameters
+import numpy as np
+from flwr.common import EvaluateIns, FitIns, Parameters, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
@@ -84,6 +85,10 @@ class FedGNNStrategy(Strategy):
         """The phase of a Flower round."""
         return self.rounds.phase(self.logical(server_round))
 
+    def is_secure_round(self, server_round: int) -> bool:
+        """Whether this Flower round's replies must go through SecAgg+: the training rounds of user-level DP."""
+        return self.cfg.privacy.mode == "user_dp" and self.phase(server_round) == PHASE_TRAIN
+
     def _resume(self) -> None:
         state = load_resumable(self.checkpointer, to_dict(self.cfg), self.server.num_items, self.bindings.num_users,
                                self.server.num_item_features)
@@ -140,6 +145,11 @@ class FedGNNStrategy(Strategy):
             extra = {**self._expansion(), "refresh_neighbours": True}
         config = self._round_config(server_round, **extra)
         plan = self.rounds.plan_train(logical, set(nodes))
+        if self.is_secure_round(server_round):  # one download for every node: the model and the whole table
+            payload = self.rounds.download([], self.server.model_weights())
+            self.bytes_down = float(array_bytes(payload))
+            ins = FitIns(ndarrays_to_parameters(payload), config)
+            return [(nodes[nid], ins) for nid in plan]
         out, down, weights = [], 0, self.server.model_weights()
         for nid, users in plan.items():
             payload = self.rounds.download(users, weights)
@@ -154,8 +164,10 @@ class FedGNNStrategy(Strategy):
         phase, logical = self.phase(server_round), self.logical(server_round)
         if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
             return self._finish_expansion(logical, phase, results, failures)
-        replies = decode_replies(results, lambda why: self.rounds.reject(logical, why))
         reasons = [f"{f if isinstance(f, BaseException) else 'error result'}" for f in failures]
+        if self.is_secure_round(server_round):
+            return self._aggregate_secure(server_round, logical, results, reasons)
+        replies = decode_replies(results, lambda why: self.rounds.reject(logical, why))
         if phase in (PHASE_POPULARITY, PHASE_REGISTER):
             for why in reasons:
                 self.rounds.reject(logical, f"client failure: {why}")
@@ -164,6 +176,27 @@ class FedGNNStrategy(Strategy):
             return ndarrays_to_parameters(self.server.model_weights()), {}
         record = self.rounds.train(logical, replies, reasons, self.round_started, self.bytes_down)
         if not self._is_eval_round(server_round):  # eval rounds checkpoint after their evaluation
+            self._maybe_checkpoint(server_round)
+        metrics = {k: v for k, v in record.items() if isinstance(v, (int, float))}
+        return ndarrays_to_parameters(self.server.model_weights()), metrics
+
+    def _aggregate_secure(self, server_round: int, logical: int, results, reasons: list[str]):
+        """A user-DP round after SecAgg+: every result carries the same unmasked mean of the nodes' vectors (each
+        node reports num_examples = 1), so the sum is that mean times the number of nodes. Who reported is known
+        from the bindings (what a node hosts), not from its own metrics."""
+        summed, users, up = None, 0, 0.0
+        reporting = sorted({proxy.node_id for proxy, _ in results})
+        if results:
+            try:
+                mean = parameters_to_ndarrays(results[0][1].parameters)
+                summed = [np.asarray(a, np.float64) * len(reporting) for a in mean]
+                up = float(array_bytes(mean))
+            except (ValueError, TypeError, OSError, EOFError) as exc:
+                self.rounds.reject(logical, f"undecodable aggregate ({type(exc).__name__}: {exc})"[:300])
+            users = sum(len(self.bindings.users_of(nid)) for nid in reporting)
+        record = self.rounds.train_sum(logical, summed, users, len(reporting), reasons, self.round_started,
+                                       self.bytes_down, up)
+        if not self._is_eval_round(server_round):
             self._maybe_checkpoint(server_round)
         metrics = {k: v for k, v in record.items() if isinstance(v, (int, float))}
         return ndarrays_to_parameters(self.server.model_weights()), metrics

@@ -29,7 +29,8 @@ UPLOAD_ATOL, UPLOAD_RTOL = 2e-6, 1e-5
 
 def _uploads(tmp_path, gnn: str, extra: list[str], batch: int | None):
     """24 users' uploads and states after one round, in batches of `batch` (None: through the PyG oracle)."""
-    cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", f"model.gnn={gnn}", "model.dim=8", *extra])
+    cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "privacy.pseudo_sampler=uniform",  # no round 0
+                                           f"model.gnn={gnn}", "model.dim=8", *extra])
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     torch.manual_seed(0)
@@ -64,7 +65,7 @@ def test_batched_users_upload_what_the_pyg_oracle_gives_each_alone(tmp_path, gnn
 
 def test_a_run_with_sixteen_users_per_batch_matches_one_at_a_time(tmp_path):
     def run(batch: int):
-        cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "model.dim=8", "federation.rounds=4",
+        cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "privacy.pseudo_sampler=uniform", "model.dim=8", "federation.rounds=4",
                                                "federation.eval_every=4", "federation.clients_per_round=48",
                                                f"simulation.user_batch={batch}"])
         return run_in_process(cfg, log_every=0)["rmse"]

@@ -131,11 +131,12 @@ def _get(cfg, key: str):
 
 
 def test_every_fedgnn_dataset_resolves_to_its_own_settings():
-    """Each dataset's conf/fedgnn_tuned/<name>.yaml applies to fedgnn_tuned and to fedgnn_private (which
-    inherits it); ML-100K, which has no file, runs the preset's own values."""
+    """Each dataset's conf/fedgnn_tuned/<name>.yaml applies to fedgnn_tuned and to fedgnn_user_dp (which
+    inherits it); ML-100K, which has no file, runs the preset's own values. Both keep popularity-proof sets
+    (user-level DP has none to keep: its uploads cover the whole catalogue)."""
     for name in FEDGNN_DATASETS:
         path = CONF_DIR / "fedgnn_tuned" / f"{name}.yaml"
-        tuned, private = load_config("fedgnn_tuned", name), load_config("fedgnn_private", name)
+        tuned, private = load_config("fedgnn_tuned", name), load_config("fedgnn_user_dp", name)
         assert tuned.data.name == private.data.name == name
         if name == "ml-100k":
             assert not path.exists()
@@ -145,7 +146,7 @@ def test_every_fedgnn_dataset_resolves_to_its_own_settings():
         assert settings, path
         for key, value in settings.items():
             assert _get(tuned, key) == value == _get(private, key), (name, key)
-        assert private.privacy.pseudo_sampler == "popularity"
+        assert tuned.privacy.pseudo_sampler == private.privacy.pseudo_sampler == "popularity"
 
 
 def test_the_settings_follow_the_stated_reasoning():
@@ -270,4 +271,5 @@ def test_flixster_through_the_benchmark_driver(tmp_path, capsys, monkeypatch, tr
     assert final["rmse"] == doc["final"]["rmse"]
     _check_final(doc, "flixster", scale, _settings("flixster"))
     _check_every_test_rating_scored(doc, load_config("fedgnn_tuned", "flixster", [f"data.data_dir={tmp_path / 'data'}"]))
-    assert doc["rounds"][0]["phase"] == "register" and doc["rounds"][0]["accepted"] == ALL_USERS
+    phases = [r.get("phase") for r in doc["rounds"]]  # popularity-proof sets: a round of LDP item reports first
+    assert phases[:2] == ["popularity", "register"] and doc["rounds"][1]["accepted"] == ALL_USERS

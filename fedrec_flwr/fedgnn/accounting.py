@@ -1,4 +1,5 @@
-"""What FedGNN's LDP actually guarantees: per coordinate, per upload and per user over a run.
+"""What FedGNN's privacy actually guarantees: the LDP mode per coordinate, per upload and per user over a run
+(`LDPAccountant`), and the user-DP mode per user over a run (`UserDPAccountant`, at the end of this module).
 
 Mechanism: every coordinate x of an upload is clipped to [-delta, delta] and gets Laplace(lambda)
 noise. Neighbouring relation: two devices that differ in any of one user's ratings (user-level;
@@ -69,12 +70,17 @@ def budget(clip_delta: float, noise_lambda: float, coordinates: np.ndarray, uplo
     median_user, max_user = order[(len(order) - 1) // 2], order[-1]
     upload_c = int(coordinates.max()) if coordinates.size else 0
 
+    at_n = 1.0 / max(len(coordinates), 1)  # delta = 1/N, the other delta every run reports
+
     def run_of(u: int) -> dict:
         m = int(per_run[u])
         return {"uploads": int(uploads[u]), "basic": eps * m + report_bits * report_epsilon,
-                "tight": tight_epsilon(clip_delta, noise_lambda, m, delta, report_bits, report_epsilon)}
+                "tight": tight_epsilon(clip_delta, noise_lambda, m, delta, report_bits, report_epsilon),
+                "tight_at_1_over_n": {"delta": at_n, "epsilon": tight_epsilon(clip_delta, noise_lambda, m, at_n,
+                                                                              report_bits, report_epsilon)}}
 
     return {
+        "mode": "ldp",
         "neighbouring": "user-level: any change to one user's ratings",
         "delta": delta,
         "epsilon_per_coordinate_per_upload": eps,
@@ -103,7 +109,7 @@ class LDPAccountant:
     @classmethod
     def from_privacy(cls, num_users: int, privacy, num_items: int) -> "LDPAccountant":
         """The accountant of a run's `privacy` section (the popularity report has one bit per catalogue item)."""
-        report_bits = num_items if privacy.pseudo_sampler == "popularity" else 0
+        report_bits = num_items if privacy.pseudo_sampler == "popularity" and privacy.mode == "ldp" else 0
         return cls(num_users, privacy.clip_delta, privacy.noise_lambda, privacy.delta, privacy.ldp, report_bits,
                    privacy.popularity_epsilon)
 
@@ -135,3 +141,133 @@ class LDPAccountant:
         if uploads.shape != self.uploads.shape:
             raise ValueError(f"checkpoint holds upload counts of {uploads.size} users, this run has {self.uploads.size}")
         self.uploads = uploads
+
+
+def _quiet_absl() -> None:
+    """dp-accounting warns (through absl) for each fractional RDP order whose series it drops; dropping an order
+    only loosens the bound, so those lines are noise in a run's log."""
+    import logging
+
+    logging.getLogger("absl").setLevel(logging.ERROR)
+
+
+def sample_rate(clients_per_round: int, num_users: int) -> float:
+    """q: the probability with which each user samples itself into a user-DP round (expected clients_per_round)."""
+    return min(1.0, clients_per_round / max(num_users, 1))
+
+
+def _subsampled_gaussian_epsilon(q: float, noise: dict[float, int], delta: float) -> float:
+    """epsilon at `delta` of rounds of the Poisson-subsampled Gaussian (sampling rate q; `noise`: noise multiplier ->
+    rounds run at it), add-or-remove-one-user relation, by dp-accounting's RDP accountant."""
+    import dp_accounting
+    from dp_accounting import rdp
+
+    _quiet_absl()
+    accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    for sigma, rounds in sorted(noise.items()):
+        if rounds <= 0:
+            continue
+        if sigma <= 0:
+            return float("inf")
+        accountant.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds))
+    return float(accountant.get_epsilon(delta))
+
+
+@lru_cache(maxsize=64)
+def calibrate_noise_multiplier(q: float, rounds: int, target_epsilon: float, delta: float) -> float:
+    """The smallest noise multiplier sigma whose `rounds` Poisson-subsampled Gaussian rounds at rate q spend at most
+    `target_epsilon` at `delta` (dp-accounting's calibration by bisection on the RDP accountant). Deterministic, so
+    the server and every device compute the same sigma from the run's config."""
+    import dp_accounting
+    from dp_accounting import mechanism_calibration, rdp
+
+    _quiet_absl()
+
+    def event(sigma: float):
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds)
+
+    return float(mechanism_calibration.calibrate_dp_mechanism(
+        lambda: rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE), event,
+        target_epsilon, delta, mechanism_calibration.LowerEndpointAndGuess(0.05, 1.0), tol=1e-4))
+
+
+def run_noise_multiplier(privacy, clients_per_round: int, num_users: int, rounds: int) -> float:
+    """sigma of a user-DP run: privacy.noise_multiplier, or (when 0) calibrated so that `rounds` training rounds
+    spend privacy.target_epsilon at privacy.delta."""
+    if privacy.noise_multiplier > 0:
+        return float(privacy.noise_multiplier)
+    return calibrate_noise_multiplier(sample_rate(clients_per_round, num_users), rounds, float(privacy.target_epsilon),
+                                      float(privacy.delta))
+
+
+class UserDPAccountant:
+    """The user-level ledger of a `privacy.mode = user_dp` run.
+
+    Mechanism per training round: every user samples itself with probability q (Poisson sampling; the server
+    never learns who), clips its whole update to L2 norm C, and the sum over the sampled users gets Gaussian
+    noise of standard deviation sigma C (the users' shares together; sigma falls to sigma sqrt(m / N) when only
+    m of the N users' nodes report). Neighbouring relation: add or remove one user with all its ratings.
+    dp-accounting's RDP accountant composes the rounds; epsilon is reported at the run's delta and at 1/N.
+    """
+
+    def __init__(self, num_users: int, q: float, noise_multiplier: float, clip_norm: float, delta: float,
+                 target_epsilon: float = 0.0):
+        self.num_users, self.q, self.sigma, self.clip_norm = num_users, q, noise_multiplier, clip_norm
+        self.delta, self.target_epsilon = delta, target_epsilon
+        self.noise: dict[float, int] = {}  # effective noise multiplier -> training rounds released at it
+
+    @classmethod
+    def from_privacy(cls, privacy, clients_per_round: int, num_users: int, rounds: int) -> "UserDPAccountant":
+        """The accountant of a run's privacy section, with its sigma (given or calibrated for `rounds`)."""
+        return cls(num_users, sample_rate(clients_per_round, num_users),
+                   run_noise_multiplier(privacy, clients_per_round, num_users, rounds), privacy.clip_norm,
+                   privacy.delta, privacy.target_epsilon)
+
+    @property
+    def rounds(self) -> int:
+        """Training rounds released so far."""
+        return sum(self.noise.values())
+
+    def epsilon(self, delta: float | None = None, more_rounds: int = 0) -> float:
+        """User-level epsilon spent at `delta` (default the run's), after `more_rounds` further full-noise rounds."""
+        noise = dict(self.noise)
+        if more_rounds:
+            noise[self.sigma] = noise.get(self.sigma, 0) + more_rounds
+        return _subsampled_gaussian_epsilon(self.q, noise, self.delta if delta is None else delta) if noise else 0.0
+
+    def affordable_rounds(self, planned: int) -> int:
+        """How many of `planned` full-noise training rounds fit within target_epsilon (all of them with no target)."""
+        if self.target_epsilon <= 0 or self.epsilon(more_rounds=planned) <= self.target_epsilon:
+            return planned
+        low, high = 0, planned  # epsilon grows with rounds: bisect for the last round within budget
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.epsilon(more_rounds=mid) <= self.target_epsilon:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def record_round(self, reporting_users: int) -> None:
+        """One released sum, its noise from the shares of `reporting_users` of the N users."""
+        sigma = self.sigma * float(np.sqrt(min(reporting_users, self.num_users) / max(self.num_users, 1)))
+        self.noise[sigma] = self.noise.get(sigma, 0) + 1
+
+    def budget(self) -> dict:
+        """What every user has spent so far: the same for all (each is in every round with probability q)."""
+        at_n = 1.0 / max(self.num_users, 1)
+        return {"mode": "user_dp", "neighbouring": "add or remove one user with all its ratings",
+                "mechanism": "Poisson-subsampled Gaussian on the sum of clipped user updates (RDP, dp-accounting)",
+                "sample_rate": self.q, "noise_multiplier": self.sigma, "clip_norm": self.clip_norm,
+                "rounds": self.rounds, "target_epsilon": self.target_epsilon, "delta": self.delta,
+                "epsilon": self.epsilon(), "epsilon_at_1_over_n": {"delta": at_n, "epsilon": self.epsilon(at_n)}}
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the ledger."""
+        return {"user_dp_noise": [[float(s), int(r)] for s, r in sorted(self.noise.items())]}
+
+    def restore(self, state: dict) -> None:
+        """Continue from a checkpoint's ledger."""
+        self.noise = {float(s): int(r) for s, r in state.get("user_dp_noise", [])}

@@ -126,6 +126,11 @@ def check_types(path: Path, state: dict[str, Any]) -> None:
     uploads = state["uploads"]
     if not isinstance(uploads, list) or not all(_is_int(n) and n >= 0 for n in uploads):
         fail("uploads", uploads, "a list of per-user upload counts (integers >= 0)")
+    noise = state.get("user_dp_noise", [])  # user_dp: [noise multiplier, rounds released at it] pairs
+    if not isinstance(noise, list) or not all(
+            isinstance(r, (list, tuple)) and len(r) == 2 and isinstance(r[0], float) and r[0] >= 0 and _is_int(r[1])
+            and r[1] >= 0 for r in noise):
+        fail("user_dp_noise", noise, "a list of [noise multiplier, rounds] pairs (a float >= 0 and an integer >= 0)")
     config = state["config"]
     if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
         fail("config", config, "the run's config (an object with string keys)")

@@ -15,7 +15,7 @@ groups whose padding stays within a quarter of their real size, unless the group
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ import torch
 from fedrec_flwr.data import UserData
 from fedrec_flwr.fedgnn.protocol import RoundConfig
 from fedrec_flwr.fedgnn.state import UserState
-from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, ready, set_weights
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, ready, row_positions, set_weights
 from fedrec_flwr.models.dense_star import DenseStars, dense_predict, per_user_copies
 from fedrec_flwr.models.rating_gnn import RatingGNN, row_width
 from fedrec_flwr.privacy import pseudo_gradient_rows
@@ -119,7 +119,7 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
     row_bias = cfg.model.item_bias  # item rows carry b_i as a last column (width row_width = d + 1)
     counts = [(data.train_items.size, st.neighbours.shape[0]) for st, data in zip(states, datas)]
     width, n_width = max(t for t, _ in counts), max(n for _, n in counts)
-    items_np = [r[np.searchsorted(st.anonymity_ids, data.train_items)] for st, data, r in zip(states, datas, rows)]
+    items_np = [r[row_positions(cfg.privacy, st, data.train_items)] for st, data, r in zip(states, datas, rows)]
     items_x, item_mask = _pad(items_np, width, row_width(cfg.model), device)
     items_x.requires_grad_(True)
     neigh_x, neigh_mask = _pad([st.neighbours for st in states], n_width, d, device)
@@ -288,33 +288,44 @@ def size_groups(order: list[int], sizes: list[int], batch: int, slack: float = P
     return groups + ([group] if group else [])
 
 
-def train_users(users: list[FedGNNUser], weights: list[np.ndarray], rows: list[np.ndarray], server_round: int,
-                round_config: RoundConfig | None = None, batch: int = 32) -> list[list[np.ndarray]]:
-    """Each user's protected upload [*grads, ids, rows] for this round, the local steps and protection of up to
-    `batch` users computed together (batch 1: one user at a time, the same numbers up to float rounding)."""
+def run_local_steps(users: list[FedGNNUser], weights: list[np.ndarray], rows: list[np.ndarray], server_round: int,
+                    round_config: RoundConfig | None, batch: int,
+                    consume: Callable[[list[int], StepBatch, list[np.random.Generator]], None]) -> None:
+    """The local steps of `users` for this round, up to `batch` computed together (`size_groups`); each group's
+    `StepBatch` goes to `consume(indices into users, steps, the group's streams)`, which protects the uploads (or
+    clips them into a node's sum) and keeps the users' new private state. Users without training ratings come
+    first, as one group of zero gradients."""
     if not users:
-        return []
+        return
     started = [u.begin_train(server_round, round_config) for u in users]
     rngs = [rng for rng, _ in started]
     generators = [torch.Generator().manual_seed(seed) for _, seed in started]
     device, cfg, model = users[0].device, users[0].cfg, users[0].model
     set_weights(model, weights)
     rows = [u.item_rows(r) for u, r in zip(users, rows)]
-    uploads: list[list[np.ndarray] | None] = [None] * len(users)
-
-    def finish(group: list[int], steps: StepBatch) -> None:
-        states, datas = [users[k].state for k in group], [users[k].data for k in group]
-        for k, up, emb, off in zip(group, protect(cfg, states, datas, steps, [rngs[k] for k in group]),
-                                   steps.embeddings, steps.offsets):
-            users[k].finish_train(emb, float(off), server_round)
-            uploads[k] = up
-
     idle = [k for k, u in enumerate(users) if not u.data.train_items.size]
     if idle:
-        finish(idle, idle_steps(model, [users[k].state for k in idle], row_width(cfg.model), device))
+        consume(idle, idle_steps(model, [users[k].state for k in idle], row_width(cfg.model), device),
+                [rngs[k] for k in idle])
     active = sorted((k for k, u in enumerate(users) if u.data.train_items.size), key=lambda k: users[k].data.train_items.size)
     for group in size_groups(active, [u.data.train_items.size for u in users], max(batch, 1)):
         steps = local_steps(cfg, model, [users[k].state for k in group], [users[k].data for k in group],
                             [rows[k] for k in group], [rngs[k] for k in group], [generators[k] for k in group], device)
-        finish(group, steps)
+        consume(group, steps, [rngs[k] for k in group])
+
+
+def train_users(users: list[FedGNNUser], weights: list[np.ndarray], rows: list[np.ndarray], server_round: int,
+                round_config: RoundConfig | None = None, batch: int = 32) -> list[list[np.ndarray]]:
+    """Each user's protected upload [*grads, ids, rows] for this round, the local steps and protection of up to
+    `batch` users computed together (batch 1: one user at a time, the same numbers up to float rounding)."""
+    uploads: list[list[np.ndarray] | None] = [None] * len(users)
+
+    def protect_group(group: list[int], steps: StepBatch, rngs: list[np.random.Generator]) -> None:
+        cfg = users[group[0]].cfg
+        states, datas = [users[k].state for k in group], [users[k].data for k in group]
+        for k, up, emb, off in zip(group, protect(cfg, states, datas, steps, rngs), steps.embeddings, steps.offsets):
+            users[k].finish_train(emb, float(off), server_round)
+            uploads[k] = up
+
+    run_local_steps(users, weights, rows, server_round, round_config, batch, protect_group)
     return uploads

@@ -172,6 +172,20 @@ def split_download(arrays: list[np.ndarray], num_weights: int) -> tuple[list[np.
     return list(arrays[:num_weights]), users_array([u for u, _ in parts]), [blocks[0] for _, blocks in parts]
 
 
+def frame_table_download(weights: list[np.ndarray], table: np.ndarray, users: list[int]) -> list[np.ndarray]:
+    """[*weights, whole item table, users]: a user-DP download (privacy.mode = user_dp). Training asks every user a
+    node hosts (the server must not choose who takes part); an evaluation names the users that score."""
+    return [*weights, table, users_array(users)]
+
+
+def split_table_download(arrays: list[np.ndarray], num_weights: int) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+    """(model weights, item table, users) of a user-DP download; ValueError if it is not framed so."""
+    if len(arrays) != num_weights + 2 or np.ndim(arrays[num_weights]) != 2 or np.ndim(arrays[-1]) != 1:
+        raise ValueError(f"a user-DP download has {num_weights} model arrays, one 2-D item table and a user list; "
+                         f"got {len(arrays)} arrays")
+    return list(arrays[:num_weights]), np.asarray(arrays[num_weights], np.float32), np.asarray(arrays[-1], np.int64)
+
+
 TRAIN_FIELDS = 3  # a training reply's fields per user: flat model gradients, item ids, item rows
 TRAIN_GRADIENTS = 2  # index of the packed model gradients in a training reply
 

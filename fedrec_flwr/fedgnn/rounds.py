@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -38,7 +39,7 @@ import numpy as np
 from fedrec_flwr.config import ExpansionConfig, FederationConfig, MergeConfig, PrivacyConfig
 from fedrec_flwr.data import public_scale
 from fedrec_flwr.data.types import RatingScale
-from fedrec_flwr.fedgnn.accounting import LDPAccountant, epsilon_per_coordinate
+from fedrec_flwr.fedgnn.accounting import LDPAccountant, UserDPAccountant, epsilon_per_coordinate, sample_rate
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.protocol import (
@@ -49,6 +50,7 @@ from fedrec_flwr.fedgnn.protocol import (
     TRAIN_FIELDS,
     array_bytes,
     frame_download,
+    frame_table_download,
     model_gradients,
     split_users,
 )
@@ -73,17 +75,18 @@ log = logging.getLogger("fedrec_flwr.fedgnn")
 
 
 def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: int,
-                          max_users: int | None = None) -> list[tuple[int, np.ndarray, int]]:
+                          max_users: int | None = None, whole_table: bool = False) -> list[tuple[int, np.ndarray, int]]:
     """[(user, anonymity set, committed test-rating count)] of a registration message naming at most `max_users`
-    users, each set checked and each count an integer in [0, set size] (a user's test items lie in its set);
-    UploadRejected otherwise."""
+    users, each set checked and each count an integer in [0, set size] (a user's test items lie in its set; with
+    `whole_table`, user-level DP's empty sets, in [0, num_items]); UploadRejected otherwise."""
     out = []
     for user, (ids, count) in split_users(arrays, REGISTER_FIELDS, max_users):
         ids = check_anonymity_set(ids, num_items, min_rows)
         count = np.asarray(count)
-        if count.shape != (1,) or not np.issubdtype(count.dtype, np.integer) or not 0 <= int(count[0]) <= ids.size:
+        most = num_items if whole_table else ids.size
+        if count.shape != (1,) or not np.issubdtype(count.dtype, np.integer) or not 0 <= int(count[0]) <= most:
             raise UploadRejected(f"user {user}: test-rating count {count.tolist()!r}; expected one integer in "
-                                 f"[0, {ids.size}] (the user's test items lie in its anonymity set)")
+                                 f"[0, {most}] (the user's test items lie in its anonymity set, or the catalogue)")
         out.append((user, ids, int(count[0])))
     return out
 
@@ -109,7 +112,20 @@ class FedGNNRounds:
         self.rating_span = rating_span
         # the dataset's own scale: reported RMSE and MAE are mapped back onto it (None: 1-5, no map)
         self.public_scale = public_scale
-        self.schedule = round_schedule(federation, expansion, bindings.num_users)
+        self.user_dp: UserDPAccountant | None = None  # privacy.mode = user_dp: the user-level ledger
+        self.budget_rounds = federation.rounds  # training rounds the privacy budget allows (user_dp), else all
+        if privacy.mode == "user_dp":
+            self.user_dp = UserDPAccountant.from_privacy(privacy, federation.clients_per_round, bindings.num_users,
+                                                         federation.rounds)
+            self.budget_rounds = self.user_dp.affordable_rounds(federation.rounds)
+            if self.budget_rounds < federation.rounds:
+                log.warning("privacy.target_epsilon = %g allows %d of the %d training rounds at noise multiplier %.3f: "
+                            "the run stops after round %d", privacy.target_epsilon, self.budget_rounds,
+                            federation.rounds, self.user_dp.sigma, self.budget_rounds)
+            if self.budget_rounds == 0:
+                raise ValueError(f"privacy.target_epsilon = {privacy.target_epsilon:g} does not allow one training round "
+                                 f"at noise multiplier {self.user_dp.sigma:g}; raise the noise or the target")
+        self.schedule = round_schedule(replace(federation, rounds=self.budget_rounds), expansion, bindings.num_users)
         self.train_rounds_done = 0
         self.rounds_not_applied = 0  # training rounds with fewer than min_clients accepted uploads
         self.scored_users: list[int] = []  # users of the accepted replies of the latest evaluation
@@ -137,7 +153,7 @@ class FedGNNRounds:
     @property
     def first_round(self) -> int:
         """The first logical round: 0 when users report popularity before registering (round 1), else 1."""
-        return 0 if self.privacy.pseudo_sampler == "popularity" else 1
+        return 0 if self.privacy.pseudo_sampler == "popularity" and self.user_dp is None else 1
 
     def phase(self, logical_round: int) -> str:
         """The phase of a logical round (round 0: popularity reports, round 1: registration)."""
@@ -194,7 +210,7 @@ class FedGNNRounds:
         for reply in replies:
             try:
                 claimed = validate_registration(reply.arrays, self.server.num_items, min_rows,
-                                                self.bindings.claim_limit(reply.node_id))
+                                                self.bindings.claim_limit(reply.node_id), self.user_dp is not None)
                 self.bindings.check_claim(reply.node_id, [u for u, _, _ in claimed])
                 for u, _, _ in claimed:
                     if self.reported_by.get(u, reply.node_id) != reply.node_id:
@@ -216,8 +232,10 @@ class FedGNNRounds:
     # -- training --------------------------------------------------------------------
     def plan_train(self, logical_round: int, connected: set[int]) -> dict[int, list[int]]:
         """The round's sampled users, grouped by the node hosting them."""
-        chosen = sample_users(self.seed, logical_round, self.bindings.live_users(connected),
-                              self.federation.clients_per_round)
+        live = self.bindings.live_users(connected)
+        # user_dp: every user is asked, and samples itself on its device (the server must not know who took part)
+        chosen = live if self.user_dp is not None else sample_users(self.seed, logical_round, live,
+                                                                    self.federation.clients_per_round)
         plan = self.bindings.by_node(chosen)
         self._train_plan = (logical_round, {node: set(users) for node, users in plan.items()})
         return plan
@@ -225,6 +243,8 @@ class FedGNNRounds:
     def download(self, users: list[int], weights: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """One node's download: the model weights and the item rows of its users' anonymity sets."""
         weights = self.server.model_weights() if weights is None else weights
+        if self.user_dp is not None:  # the whole table, the same for every node: it tells nothing about its users
+            return frame_table_download(weights, self.server.table(), users)
         return frame_download(weights, users, [self.server.rows_for(u) for u in users])
 
     def validate_reply(self, logical_round: int, reply: NodeReply) -> tuple[list[TrainUpdate], int]:
@@ -277,6 +297,48 @@ class FedGNNRounds:
         if self.privacy.ldp:
             record["epsilon_per_coordinate"] = epsilon_per_coordinate(self.privacy.clip_delta, self.privacy.noise_lambda)
         record["round_seconds"] = time.time() - started
+        self.record(record, complete=not self.is_eval_round(logical_round == len(self.schedule)))
+        return record
+
+    def noise_std(self) -> float:
+        """sigma C: the standard deviation of the noise on a user-DP round's sum (every node reporting)."""
+        assert self.user_dp is not None
+        return self.user_dp.sigma * self.privacy.clip_norm
+
+    def expected_users(self) -> float:
+        """q N: how many users a user-DP round samples on average, the fixed divisor of its sum."""
+        return sample_rate(self.federation.clients_per_round, self.bindings.num_users) * self.bindings.num_users
+
+    def train_sum(self, logical_round: int, summed: list[np.ndarray] | None, reporting_users: int, nodes: int,
+                  failures: list[str], started: float, bytes_down: float, bytes_up: float) -> dict:
+        """A user-DP training round: check the SecAgg+ sum of the nodes' vectors (`user_dp.check_sum`), apply it over
+        the expected sample, and charge every user the round (its noise from `reporting_users`' shares).
+        `summed` None: the secure aggregation produced no sum (too few nodes survived it)."""
+        from fedrec_flwr.fedgnn.user_dp import check_sum
+
+        assert self.user_dp is not None
+        for why in failures:
+            self.reject(logical_round, f"client failure: {why}")
+        self.train_rounds_done += 1
+        applied = False
+        if summed is not None and reporting_users:
+            self.user_dp.record_round(reporting_users)  # released (and so spent) whether or not it passes the check
+            try:
+                *model, table = check_sum(summed, self.server.model_shapes, (self.server.num_items, self.server.dim),
+                                          self.privacy.clip_norm, self.noise_std(), self.expected_users())
+                applied = reporting_users >= self.federation.min_clients
+            except UploadRejected as exc:
+                self.reject(logical_round, f"aggregate refused: {exc}")
+            if applied:
+                self.server.apply_sum(model, table, self.expected_users())
+        if not applied:
+            self.rounds_not_applied += 1
+            log.warning("round %d: no sum applied (%d users' nodes reported); model unchanged", logical_round,
+                        reporting_users)
+        record = {"round": logical_round, "phase": PHASE_TRAIN, "clients": reporting_users, "accepted": reporting_users,
+                  "nodes": nodes, "rejected": self.rejected_in(logical_round), "failures": len(failures),
+                  "applied": applied, "bytes_down": bytes_down, "bytes_up": bytes_up,
+                  "user_epsilon": self.user_dp.epsilon(), "round_seconds": time.time() - started}
         self.record(record, complete=not self.is_eval_round(logical_round == len(self.schedule)))
         return record
 
@@ -348,13 +410,21 @@ class FedGNNRounds:
 
     # -- end of run and checkpoints --------------------------------------------------
     def upload_counts(self) -> dict[str, float]:
-        """How often the registered users uploaded: max, median, and the total."""
+        """How often the registered users uploaded: max, median, and the total (user_dp: every user's node sends a
+        vector every round, sampled or not)."""
+        if self.user_dp is not None:
+            r = self.user_dp.rounds
+            return {"max": r, "median": float(r), "total": r * len(self.server.anonymity_sets)}
         return self.accountant.upload_counts(sorted(self.server.anonymity_sets))
 
     def privacy_budget(self) -> dict | None:
         """The accounted LDP budget of the run so far (`LDPAccountant.budget`), or None without LDP.
 
-        An upload's coordinates: the model's, plus one row of `row_width` (b_i included) per item of the set."""
+        An upload's coordinates: the model's, plus one row of `row_width` (b_i included) per item of the set.
+        user_dp: the user-level ledger (`UserDPAccountant.budget`)."""
+        if self.user_dp is not None:
+            return {**self.user_dp.budget(), "planned_rounds": self.federation.rounds,
+                    "stopped_by_budget": self.budget_rounds < self.federation.rounds}
         model = sum(int(np.prod(s)) for s in self.server.model_shapes)
         return self.accountant.budget({u: model + ids.size * self.dim for u, ids in self.server.anonymity_sets.items()})
 
@@ -395,7 +465,8 @@ class FedGNNRounds:
         return {**self.server.state(), "logical_round": logical_round, "train_rounds_done": self.train_rounds_done,
                 "rounds_not_applied": self.rounds_not_applied,
                 "history": history, "rejections": [list(r) for r in self.rejections],
-                **self.accountant.state(), "eval_rejected": self.eval_rejections}
+                **self.accountant.state(), **(self.user_dp.state() if self.user_dp is not None else {}),
+                "eval_rejected": self.eval_rejections}
 
     def restore(self, state: dict) -> int:
         """Continue from a checkpoint's state; returns the logical round it was written after."""
@@ -405,6 +476,8 @@ class FedGNNRounds:
         self.rejections = [(int(r), str(why)) for r, why in state["rejections"]]
         self.eval_rejections = int(state["eval_rejected"])
         self.accountant.restore(state)
+        if self.user_dp is not None:
+            self.user_dp.restore(state)
         done = int(state["logical_round"])
         if self.recorder is not None:
             self.recorder.restore_history(list(state["history"]), resumed_from=done)

@@ -239,11 +239,17 @@ class FedGNNServer:
     def min_rows(self) -> int:
         """Rows every upload must carry: M (uniform sampler) or 1 + ratio (popularity-matched), at most the catalogue."""
         p = self.privacy
+        if p.mode == "user_dp":  # no anonymity sets: a user registers an empty one and downloads the whole table
+            return 0
         return min(p.pseudo_ratio + 1 if p.pseudo_sampler == "popularity" else p.pseudo_items, self.num_items)
+
+    def table(self) -> np.ndarray:
+        """The whole item table (what a user-DP download carries, so the server cannot tell which items a user wants)."""
+        return self.items.detach().cpu().numpy().copy()
 
     def registration_download(self) -> list[np.ndarray]:
         """What registration sends every node: nothing, or the published item counts the matched sampler needs."""
-        if self.privacy.pseudo_sampler != "popularity":
+        if self.privacy.pseudo_sampler != "popularity" or self.privacy.mode == "user_dp":
             return []
         if self.popularity is None:
             raise RuntimeError("the popularity-matched sampler needs the users' popularity reports before registration")
@@ -256,7 +262,10 @@ class FedGNNServer:
     # -- what comes in ---------------------------------------------------------------
     def register(self, user: int, ids: np.ndarray) -> None:
         """Record a user's anonymity set after checking it."""
-        self.anonymity_sets[user] = check_anonymity_set(ids, self.num_items, self.min_rows()).astype(np.int32)
+        ids = check_anonymity_set(ids, self.num_items, self.min_rows())
+        if self.privacy.mode == "user_dp" and ids.size:
+            raise UploadRejected(f"user-level DP runs have no anonymity sets; user {user} registered {ids.size} item ids")
+        self.anonymity_sets[user] = ids.astype(np.int32)
 
     def validate(self, user: int, arrays: list[np.ndarray]) -> TrainUpdate:
         """One user's upload checked against the model shapes and its registered set."""
@@ -266,6 +275,32 @@ class FedGNNServer:
         grads, ids, rows = validate_upload(arrays, self.model_shapes, self.dim, self.num_items,
                                            self.min_rows(), registered.astype(np.int64))
         return TrainUpdate(user, grads, ids, rows)
+
+    def apply_sum(self, model_sums: list[np.ndarray], table_sum: np.ndarray, users: float) -> None:
+        """Step the server optimisers on a user-DP round's noisy sum, divided by the expected number of sampled users
+        (fixed, as in DP-FedAvg: the actual number is private). Every row of the table moves (noise reaches all)."""
+        self.model_opt.zero_grad()
+        for p, g in zip(self.model.parameters(), model_sums):
+            mean = np.asarray(np.asarray(g, np.float32) / np.float32(users), np.float32)
+            p.grad = torch.from_numpy(mean).reshape(p.shape).to(self.device)
+        self.model_opt.step()
+        self._step_items(np.arange(self.num_items), np.asarray(table_sum, np.float32) / np.float32(users))
+
+    def _step_items(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """One item-optimiser step on the gradient `rows` of the (sorted, unique) `ids`, then the decay and schedules."""
+        self.item_opt.zero_grad()
+        index = torch.from_numpy(ids)[None, :].to(self.device)
+        # merged ids are sorted, unique and in range (flatnonzero of a count over validated ids): skip the check
+        grad = torch.sparse_coo_tensor(index, torch.from_numpy(rows).to(self.device), self.items.shape,
+                                       check_invariants=False)
+        self.items.grad = grad.coalesce() if isinstance(self.item_opt, torch.optim.SparseAdam) else grad.to_dense()
+        self.item_opt.step()
+        decay = self.server_opt.item_weight_decay
+        if decay:  # decoupled from the gradient step, at the item table's current (decayed) rate
+            with torch.no_grad():
+                self.items.mul_(1.0 - self.item_opt.param_groups[0]["lr"] * decay)
+        for schedule in self.lr_schedules:
+            schedule.step()
 
     def apply(self, updates: list[TrainUpdate]) -> None:
         """Average model gradients over |S|, merge item rows by id, step the server optimisers.
@@ -291,19 +326,7 @@ class FedGNNServer:
         else:
             ids, rows = robust_merge_items(uploads, self.num_items, self.dim, merge.items,
                                            merge.robust, merge.trim_fraction)
-        self.item_opt.zero_grad()
-        index = torch.from_numpy(ids)[None, :].to(self.device)
-        # merged ids are sorted, unique and in range (flatnonzero of a count over validated ids): skip the check
-        grad = torch.sparse_coo_tensor(index, torch.from_numpy(rows).to(self.device), self.items.shape,
-                                       check_invariants=False)
-        self.items.grad = grad.coalesce() if isinstance(self.item_opt, torch.optim.SparseAdam) else grad.to_dense()
-        self.item_opt.step()
-        decay = self.server_opt.item_weight_decay
-        if decay:  # decoupled from the gradient step, at the item table's current (decayed) rate
-            with torch.no_grad():
-                self.items.mul_(1.0 - self.item_opt.param_groups[0]["lr"] * decay)
-        for schedule in self.lr_schedules:
-            schedule.step()
+        self._step_items(ids, rows)
 
     # -- checkpoints (persisted by fedrec_flwr.fedgnn.checkpoint.Checkpointer) -----------
     def state(self) -> dict:

@@ -111,7 +111,9 @@ def init_user_state(cfg: DeviceSections, meta: PartitionMeta, data: UserData, po
     emb = (rng.standard_normal(cfg.model.dim) * cfg.model.init_std).astype(np.float32)
     own = own_items(data)
     p = cfg.privacy
-    if p.pseudo_sampler == "popularity":
+    if p.mode == "user_dp":  # no anonymity set: the user downloads the whole table and its update covers all of it
+        pseudo = own = np.zeros(0, np.int64)
+    elif p.pseudo_sampler == "popularity":
         if popularity is None or np.shape(popularity) != (meta.num_items,) or not np.all(np.isfinite(popularity)):
             raise ValueError(f"the popularity-matched sampler needs the published counts of all {meta.num_items} items")
         pseudo = sample_matched_pseudo(rng, own, popularity_strata(popularity, p.popularity_bins), p.pseudo_ratio,
@@ -164,9 +166,15 @@ def _features_of(data: UserData, items: np.ndarray, device: torch.device) -> tor
     return torch.from_numpy(np.ascontiguousarray(data.item_features[items])).to(device)
 
 
+def row_positions(privacy: PrivacyConfig, state: UserState, items: np.ndarray) -> np.ndarray:
+    """Where the rows of `items` (sorted ids) sit in what the server sent the user: the whole item table under
+    user-level DP (row = item id), else the rows of its anonymity set (sorted ids)."""
+    return items if privacy.mode == "user_dp" else np.searchsorted(state.anonymity_ids, items)
+
+
 def evaluate_user(
     model: RatingGNN, state: UserState, data: UserData, item_rows: np.ndarray, low: float, high: float,
-    device: torch.device | None = None,
+    device: torch.device | None = None, whole_table: bool = False,
 ) -> ErrorSums:
     """(SSE, SAE, n) of the user's clipped predictions on its own test ratings (item rows of `row_width`).
 
@@ -178,8 +186,10 @@ def evaluate_user(
         return ErrorSums(0.0, 0.0, 0)
     device = device or torch.device("cpu")
     model = ready(model, device, training=False)
-    train_x = torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, data.train_items)]).to(device)
-    query_x = torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, data.test_items)]).to(device)
+    def rows(items: np.ndarray) -> torch.Tensor:  # `item_rows`: the whole table, or the anonymity set's rows
+        return torch.from_numpy(item_rows[items if whole_table else np.searchsorted(state.anonymity_ids, items)])
+
+    train_x, query_x = rows(data.train_items).to(device), rows(data.test_items).to(device)
     batch = build_star_batch([data.train_items.size], [data.test_items.size], [state.neighbours.shape[0]]).to(device)
     neigh_x = torch.from_numpy(state.neighbours).to(device)
     with torch.no_grad():
@@ -218,7 +228,8 @@ class FedGNNUser:
     def item_rows(self, rows: np.ndarray) -> np.ndarray:
         """The server's rows of this user's anonymity set as float32, checked against the set's shape."""
         rows = np.asarray(rows, np.float32)
-        expected = (self.state.anonymity_ids.size, row_width(self.cfg.model))
+        whole = self.cfg.privacy.mode == "user_dp"  # the whole table, else the anonymity set's rows
+        expected = (self.meta.num_items if whole else self.state.anonymity_ids.size, row_width(self.cfg.model))
         if rows.shape != expected:
             raise ValueError(f"item rows have shape {rows.shape}, expected {expected}")
         return rows
@@ -278,4 +289,4 @@ class FedGNNUser:
         """(SSE, SAE, n) on the user's own test ratings."""
         set_weights(self.model, weights)
         return evaluate_user(self.model, self.state, self.data, self.item_rows(rows), self.meta.scale.low,
-                             self.meta.scale.high, self.device)
+                             self.meta.scale.high, self.device, whole_table=self.cfg.privacy.mode == "user_dp")

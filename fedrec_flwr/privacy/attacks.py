@@ -12,7 +12,8 @@ assert their bounds.
   (`model_gradient_auc`).
 * Set popularity (FedGNN): rank each user's anonymity set by how often each item appears in all the
   sets the server received, or by the true popularity, and measure how well that puts the real items
-  first (`popularity_attack`).
+  first (`popularity_attack`); or by how strongly each item co-occurs with the set's other items in the
+  other received sets (lift or cosine, `cooccurrence_attack`).
 * Token frequencies (neighbour service): pair tokens ranked by how many users submitted them with
   items ranked by public popularity (`popularity_reidentification`).
 
@@ -217,6 +218,41 @@ def popularity_attack(sets: dict[int, np.ndarray], own: dict[int, np.ndarray], s
     return PopularityAttack(float(np.mean(aucs)), float(np.mean(tops)), float(np.mean(bases)), len(aucs))
 
 
+def cooccurrence_attack(sets: dict[int, np.ndarray], own: dict[int, np.ndarray], how: str = "lift",
+                        top: int = 10) -> PopularityAttack:
+    """Rank each item of a user's set by how strongly it co-occurs with the set's other items across all the other
+    received sets, and measure how often the real (own) items come first.
+
+    Real items are rated together (taste), pseudo items are drawn independently of each other, so a real item's
+    mean association with its set is higher. Co-occurrence counts leave the user's own set out; `how`: "lift"
+    (pairs seen together over what their counts predict) or "cosine" (pairs over the geometric mean of counts).
+    """
+    num_items = int(max(int(s.max()) for s in sets.values() if s.size)) + 1
+    users = sorted(sets)
+    x = np.zeros((len(users), num_items), np.float32)
+    for row, u in enumerate(users):
+        x[row, np.asarray(sets[u], np.int64)] = 1.0
+    pairs = x.T @ x  # items x items: how many sets hold both
+    counts = x.sum(0)
+    aucs, tops, bases = [], [], []
+    for u in users:
+        ids = np.asarray(sets[u], np.int64)
+        is_real = np.isin(ids, own[u])
+        if is_real.all() or not is_real.any() or ids.size < 3:
+            continue
+        together = pairs[np.ix_(ids, ids)] - 1.0  # the other sets only
+        n = np.maximum(counts[ids] - 1.0, 1.0)
+        assoc = (together * (len(users) - 1) / np.outer(n, n) if how == "lift"
+                 else together / np.sqrt(np.outer(n, n)))
+        np.fill_diagonal(assoc, 0.0)
+        scores = assoc.sum(1) / (ids.size - 1)
+        aucs.append(separation_auc(scores, is_real))
+        order = np.lexsort((ids, -scores))
+        tops.append(float(is_real[order[:top]].mean()))
+        bases.append(float(is_real.mean()))
+    return PopularityAttack(float(np.mean(aucs)), float(np.mean(tops)), float(np.mean(bases)), len(aucs))
+
+
 def registration_popularity_attack(cfg: AppConfig) -> dict:
     """Register every user of cfg's dataset through the round core (in-process, as a run does) and rank each
     anonymity set the server then holds by (a) how many received sets hold each item, which it always knows,
@@ -245,4 +281,6 @@ def registration_popularity_attack(cfg: AppConfig) -> dict:
            "rejected": len(rounds.rejections)}
     for name, scores in (("observed set counts", None), ("true training popularity", train_popularity)):
         out[name] = popularity_attack(sets, own, scores)._asdict()
+    for how in ("lift", "cosine"):
+        out[f"co-occurrence {how}"] = cooccurrence_attack(sets, own, how)._asdict()
     return out

@@ -1,0 +1,156 @@
+"""User-level differential privacy for FedGNN (`privacy.mode = user_dp`): what a node sends and what the server checks.
+
+Each training round, on the device:
+1. every user samples itself with probability q = clients_per_round / users from its own stream
+   (seed, user, 3, round): Poisson sampling that nobody else observes;
+2. a sampled user runs the same local step as in the LDP mode (`local_step.run_local_steps`) and clips its
+   whole update, the model gradient and the gradient of the item rows it rated, to L2 norm C;
+3. its node adds the clipped updates of its sampled users into one vector over the model and the *whole*
+   item table (unrated rows are zeros, so no row tells which items a user touched), plus Gaussian noise
+   N(0, sigma^2 C^2 h / N) for the h users it hosts, whether they sampled themselves or not: with every
+   node reporting, the noise on the sum is exactly N(0, sigma^2 C^2) per coordinate, and no party can
+   remove it (distributed DP);
+4. SecAgg+ (Flower's `secaggplus_mod` / `SecAggPlusWorkflow`) masks the node's vector, so the server
+   learns only the sum over all nodes.
+
+On the server: the unmasked sum is checked (shapes, finite, an L2 norm an honest round can reach), divided
+by the expected number of sampled users q N (the actual number is never known), and applied by the
+server optimiser. sigma is computed from the run's config on every device and on the server alike
+(`accounting.run_noise_multiplier`), so a server cannot ask a device for less noise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from fedrec_flwr.fedgnn.accounting import run_noise_multiplier, sample_rate
+from fedrec_flwr.fedgnn.local_step import StepBatch, run_local_steps
+from fedrec_flwr.fedgnn.protocol import RoundConfig, UploadRejected
+from fedrec_flwr.fedgnn.user import FedGNNUser, user_rng
+
+COIN_STREAM, NOISE_STREAM = 3, 5  # a user's streams for its sampling coin and (first user of a node) the node's noise
+NOISE_TAIL = 8.0  # SecAgg+ clips each coordinate at h C + NOISE_TAIL x the noise's standard deviation
+
+
+def samples_itself(seed: int, user: int, server_round: int, q: float) -> bool:
+    """Whether `user` takes part in this round: a coin of probability q from its own stream (seed, user, 3, round)."""
+    return bool(user_rng(seed, user, COIN_STREAM, server_round).random() < q)
+
+
+def update_norms(steps: StepBatch) -> torch.Tensor:
+    """The L2 norm of each user's update in a `StepBatch`: its model gradients and its real item rows together."""
+    b = len(steps.counts)
+    sq = torch.zeros(b, dtype=torch.float64, device=steps.rows.device)
+    for g in steps.model_grads:
+        sq += g.reshape(b, -1).double().square().sum(1)
+    if steps.rows.shape[1]:
+        real = torch.arange(steps.rows.shape[1], device=steps.rows.device)[None, :] < torch.tensor(
+            steps.counts, device=steps.rows.device)[:, None]
+        sq += (steps.rows.double().square().sum(2) * real).sum(1)
+    return sq.sqrt()
+
+
+class NodeSum:
+    """The clipped updates of a node's sampled users summed over the model and the whole item table, in torch on
+    the node's device; `noised` adds the node's share of the noise and returns the vector SecAgg+ masks."""
+
+    def __init__(self, model_shapes: list[tuple[int, ...]], num_items: int, width: int, clip_norm: float,
+                 device: torch.device):
+        self.model = [torch.zeros(shape, device=device) for shape in model_shapes]
+        self.table = torch.zeros((num_items, width), device=device)
+        self.clip_norm, self.device = clip_norm, device
+        self.contributors = 0
+
+    def add(self, steps: StepBatch, items: list[np.ndarray]) -> None:
+        """Clip each user's update of `steps` to L2 norm C and add it (`items[k]`: user k's rated item ids, the order
+        of its real rows)."""
+        norms = update_norms(steps)
+        scale = torch.clamp(self.clip_norm / torch.clamp(norms, min=1e-12), max=1.0).float()
+        for acc, g in zip(self.model, steps.model_grads):
+            acc += torch.tensordot(scale, g, dims=([0], [0]))
+        for k, ids in enumerate(items):
+            if ids.size:
+                self.table.index_add_(0, torch.from_numpy(ids).to(self.device), steps.rows[k, : ids.size] * scale[k])
+        self.contributors += len(items)
+
+    def noised(self, std: float, generator: torch.Generator) -> list[np.ndarray]:
+        """[*model sums, table sum] + N(0, std^2) per coordinate, drawn on the CPU (CPU and CUDA nodes draw the same
+        numbers), as float32 numpy arrays in the model's parameter order, the table last."""
+        out = []
+        for part in (*self.model, self.table):
+            noise = torch.randn(part.shape, generator=generator).to(self.device) if std > 0 else 0.0
+            # at least 1-D: Flower 1.42's SecAgg+ unmasks a 0-d array wrongly (it rebinds a numpy scalar in place)
+            out.append((part + std * noise).cpu().numpy().astype(np.float32).reshape(part.shape or (1,)))
+        return out
+
+
+def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.ndarray, server_round: int,
+                round_config: RoundConfig | None, batch: int, num_users: int, clients_per_round: int,
+                rounds: int) -> list[np.ndarray]:
+    """What one node sends in a user-DP training round: its sampled users' clipped updates summed, plus the
+    noise share of every user it hosts (`NodeSum`). `num_users`, `clients_per_round`, `rounds`: the run's
+    population, expected sample and schedule, from which each device computes q and sigma itself."""
+    cfg = users[0].cfg
+    q = sample_rate(clients_per_round, num_users)
+    sigma = run_noise_multiplier(cfg.privacy, clients_per_round, num_users, rounds)
+    node = NodeSum([tuple(np.shape(w)) for w in weights], table.shape[0], table.shape[1], cfg.privacy.clip_norm,
+                   users[0].device)
+    sampled = [u for u in users if samples_itself(cfg.seed, u.user, server_round, q)]
+
+    def add_group(group: list[int], steps: StepBatch, rngs: list[np.random.Generator]) -> None:
+        node.add(steps, [sampled[k].data.train_items for k in group])
+        for k, emb, off in zip(group, steps.embeddings, steps.offsets):
+            sampled[k].finish_train(emb, float(off), server_round)
+
+    run_local_steps(sampled, weights, [table] * len(sampled), server_round, round_config, batch, add_group)
+    first = min(u.user for u in users)
+    generator = torch.Generator().manual_seed(int(user_rng(cfg.seed, first, NOISE_STREAM, server_round).integers(2**62)))
+    std = sigma * cfg.privacy.clip_norm * math.sqrt(len(users) / max(num_users, 1))
+    return node.noised(std, generator)
+
+
+def secagg_clipping_range(clip_norm: float, noise_multiplier: float, users_per_node: int) -> float:
+    """The per-coordinate range SecAgg+ keeps of a node's vector: its users' clipped sum can reach h C in one
+    coordinate, and its noise share (standard deviation at most sigma C) stays within NOISE_TAIL of them."""
+    return users_per_node * clip_norm + NOISE_TAIL * max(noise_multiplier, 1e-3) * clip_norm
+
+
+def secagg_quantization_range(nodes: int, modulus: int = 2**32) -> int:
+    """The largest power of two Q with nodes x Q below SecAgg+'s modulus (the sum of nodes' quantised values must
+    not wrap around); ValueError when not even 2^16 levels fit."""
+    q = 1 << max(int(math.floor(math.log2(max(modulus // (max(nodes, 1) + 1), 1)))), 0)
+    if q < 2**16:
+        raise ValueError(f"{nodes} SecAgg+ nodes leave fewer than 2^16 quantisation levels under the 2^32 modulus; "
+                         "host more users per node (simulation.users_per_node)")
+    return q
+
+
+def check_sum(arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], table_shape: tuple[int, int],
+              clip_norm: float, noise_std: float, expected_users: float) -> list[np.ndarray]:
+    """The unmasked sum of a user-DP round as float32 arrays, or UploadRejected when no honest round could give it:
+    wrong arrays or shapes, non-finite values, or an L2 norm past what the sampled users' clipped updates (at most
+    C each, the sample's count far into its binomial tail) plus the noise (a chi tail) reach."""
+    shapes = [*model_shapes, table_shape]
+    if len(arrays) != len(shapes):
+        raise UploadRejected(f"the aggregate has {len(arrays)} arrays, expected {len(shapes)} (model, item table)")
+    out = []
+    for i, (a, shape) in enumerate(zip(arrays, shapes)):
+        a = np.asarray(a)
+        if a.shape != (shape or (1,)) or not np.issubdtype(a.dtype, np.floating):  # scalars travel as (1,)
+            raise UploadRejected(f"aggregate array {i}: {a.dtype} {a.shape}, expected float {shape or (1,)}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            a = a.astype(np.float32)
+        if not np.isfinite(a).all():
+            raise UploadRejected(f"aggregate array {i} holds NaN/Inf")
+        out.append(a.reshape(shape))
+    norm = math.sqrt(math.fsum(float(np.square(a, dtype=np.float64).sum()) for a in out))
+    coordinates = sum(a.size for a in out)
+    users = expected_users + 6.0 * math.sqrt(max(expected_users, 1.0))  # Poisson count, six deviations out
+    limit = users * clip_norm + noise_std * (math.sqrt(coordinates) + 6.0)
+    if norm > limit:
+        raise UploadRejected(f"the aggregate's L2 norm {norm:.4g} exceeds the {limit:.4g} that ~{users:.0f} clipped "
+                             f"updates (C = {clip_norm:g}) and the noise (std {noise_std:.3g}) can reach")
+    return out

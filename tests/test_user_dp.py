@@ -1,0 +1,194 @@
+"""User-level DP for FedGNN (privacy.mode = user_dp): the accounting, the device's clip and noise, the server's view,
+and a short run in-process and through `flwr run` with SecAgg+."""
+
+from __future__ import annotations
+
+import json
+
+import dp_accounting
+import numpy as np
+import pytest
+import torch
+from dp_accounting import rdp
+
+from fedrec_flwr.config import ConfigError, load_config
+from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.accounting import UserDPAccountant, calibrate_noise_multiplier, sample_rate
+from fedrec_flwr.fedgnn.local_step import StepBatch
+from fedrec_flwr.fedgnn.protocol import UploadRejected
+from fedrec_flwr.fedgnn.server import FedGNNServer
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.user_dp import NodeSum, check_sum, node_update, samples_itself, update_norms
+from fedrec_flwr.inprocess import run_in_process
+from fedrec_flwr.models.rating_gnn import build_model
+from fedrec_flwr.privacy.attacks import separation_auc
+from tests.test_e2e_flwr import needs_superlink, run_main
+
+
+def _direct_epsilon(q: float, sigma: float, rounds: int, delta: float) -> float:
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds))
+    return acc.get_epsilon(delta)
+
+
+def test_calibrated_noise_spends_the_target_over_the_planned_rounds_and_no_more():
+    q, rounds = 128 / 943, 300
+    sigma = calibrate_noise_multiplier(q, rounds, 8.0, 1e-5)
+    assert _direct_epsilon(q, sigma, rounds, 1e-5) <= 8.0 < _direct_epsilon(q, sigma * 0.99, rounds, 1e-5)
+    acc = UserDPAccountant(943, q, sigma, 1.0, 1e-5, 8.0)
+    for _ in range(rounds):
+        acc.record_round(943)
+    assert acc.epsilon() == pytest.approx(_direct_epsilon(q, sigma, rounds, 1e-5), rel=1e-9)
+    assert acc.budget()["epsilon_at_1_over_n"]["epsilon"] < acc.epsilon()  # 1/N > 1e-5 here: a looser delta
+
+
+def test_a_run_stops_before_it_would_exceed_its_budget(tiny_cfg):
+    """Given noise and a target, the schedule keeps only the rounds the budget allows; fewer reporting users mean
+    less noise, which the ledger charges."""
+    q, sigma = sample_rate(20, 60), 2.0
+    allowed = max(r for r in range(1, 200) if _direct_epsilon(q, sigma, r, 1e-5) <= 4.0)
+    acc = UserDPAccountant(60, q, sigma, 1.0, 1e-5, 4.0)
+    assert 1 < allowed < 200 and acc.affordable_rounds(200) == allowed
+    assert acc.affordable_rounds(allowed - 1) == allowed - 1
+    full, half = UserDPAccountant(60, q, sigma, 1.0, 1e-5), UserDPAccountant(60, q, sigma, 1.0, 1e-5)
+    full.record_round(60)
+    half.record_round(30)
+    assert half.epsilon() > full.epsilon()
+
+    cfg = tiny_cfg("privacy.mode=user_dp", f"privacy.noise_multiplier={sigma}", "privacy.target_epsilon=4.0",
+                   f"federation.rounds={allowed + 5}", "federation.eval_every=1000", "federation.clients_per_round=20")
+    out = run_in_process(cfg, log_every=0)
+    assert len(out["history"]) == allowed and out["history"][-1]["privacy"]["stopped_by_budget"]
+    assert out["history"][-1]["privacy"]["epsilon"] <= 4.0
+
+
+def test_user_dp_refuses_what_its_guarantee_does_not_cover():
+    for extra, words in ((["expansion.mode=fixed"], "neighbour service"), (["merge.robust=median"], "only the sum"),
+                         (["privacy.target_epsilon=0"], "no noise"), (["local.upload=delta"], "delta")):
+        with pytest.raises(ConfigError, match=words):
+            load_config("fedgnn_user_dp", "synthetic", extra)
+
+
+def _steps(grads: list[np.ndarray], rows: list[np.ndarray]) -> StepBatch:
+    width = max(r.shape[0] for r in rows)
+    padded = np.zeros((len(rows), width, rows[0].shape[1]), np.float32)
+    for k, r in enumerate(rows):
+        padded[k, : r.shape[0]] = r
+        padded[k, r.shape[0]:] = 99.0  # padding must not count
+    return StepBatch([torch.from_numpy(np.stack(grads))], torch.from_numpy(padded), [r.shape[0] for r in rows],
+                     np.zeros((len(rows), 2)), np.zeros(len(rows)), np.zeros(len(rows)))
+
+
+def test_each_users_whole_update_is_clipped_to_c_and_lands_on_its_own_items_only():
+    rng = np.random.default_rng(0)
+    grads = [rng.normal(size=5).astype(np.float32) * s for s in (10.0, 0.01)]
+    rows = [rng.normal(size=(3, 4)).astype(np.float32) * 10, rng.normal(size=(1, 4)).astype(np.float32) * 0.01]
+    items = [np.array([1, 4, 7]), np.array([2])]
+    steps = _steps(grads, rows)
+    norms = update_norms(steps).numpy()
+    expected = [np.sqrt(np.square(g).sum() + np.square(r).sum()) for g, r in zip(grads, rows)]
+    np.testing.assert_allclose(norms, expected, rtol=1e-6)
+    node = NodeSum([(5,)], 10, 4, 1.0, torch.device("cpu"))
+    node.add(steps, items)
+    model, table = node.noised(0.0, torch.Generator().manual_seed(0))
+    big = 1.0 / expected[0]  # the large update is scaled to norm exactly C, the small one passes unchanged
+    np.testing.assert_allclose(model, grads[0] * big + grads[1], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(table[[1, 4, 7]], rows[0] * big, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(table[2], rows[1][0], rtol=1e-5)
+    assert not table[[0, 3, 5, 6, 8, 9]].any()  # rows nobody rated stay zero before the noise
+    clipped = np.sqrt(np.square(grads[0] * big).sum() + np.square(rows[0] * big).sum())
+    assert clipped == pytest.approx(1.0, rel=1e-5)
+
+
+def test_the_servers_view_the_noisy_sum_holds_no_row_of_any_user(tiny_cfg):
+    """Each node's vector covers the whole table. Ranking rows by magnitude finds a one-user node's rated items at
+    once without noise (its unrated rows are exactly zero), and still above chance with noise, since one node
+    carries only its share (1/N of the variance): that is why SecAgg+ masks it. What the server gets is the
+    sum of all nodes' vectors, with the whole noise: there the same attack is at chance for every user."""
+    def vectors(sigma: float) -> tuple[list[np.ndarray], object]:
+        cfg = tiny_cfg("privacy.mode=user_dp", f"privacy.noise_multiplier={sigma}", "federation.clients_per_round=60")
+        parts = UserPartitions(prepare_partitions(cfg.data))
+        meta = parts.meta
+        device_cfg = DeviceSections.from_config(cfg)
+        model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
+        server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
+        out = []
+        for u in range(meta.num_users):
+            user = FedGNNUser(device_cfg, meta, parts.user(u), MemoryStore(), model=model)
+            assert user.register().size == 0  # no anonymity set is ever sent
+            assert samples_itself(cfg.seed, u, 2, 1.0)  # q = 60 / 60: every user takes part
+            out.append(node_update([user], server.model_weights(), server.table(), 2, None, 8, meta.num_users, 60,
+                                   cfg.federation.rounds)[-1])
+        return out, parts
+
+    def mean_auc(tables: list[np.ndarray], parts) -> float:
+        aucs = []
+        for u, rows in enumerate(tables):
+            rated = np.isin(np.arange(rows.shape[0]), parts.user(u).train_items)
+            if rated.any() and not rated.all():
+                aucs.append(separation_auc(np.abs(rows).sum(1), rated))
+        return float(np.mean(aucs))
+
+    clear, parts = vectors(1e-6)
+    assert mean_auc(clear, parts) > 0.99
+    noisy, parts = vectors(1.0)
+    assert noisy[0].shape == (parts.meta.num_items, clear[0].shape[1])
+    share = np.sqrt(1 / parts.meta.num_users)  # sigma C sqrt(h / N) per one-user node
+    assert np.std(np.concatenate([t.ravel() for t in noisy])) == pytest.approx(share, rel=0.05)
+    assert mean_auc(noisy, parts) > 0.55  # one unmasked node would leak: SecAgg+ hides it
+    # the server's view: the sum. Against the same sum without user u (its neighbour in the DP relation) the
+    # attack must do no better: what remains is the population's popularity, which DP lets anyone learn
+    for tables, gap in ((clear, "large"), (noisy, "none")):
+        total = np.sum(tables, axis=0)
+        with_u = mean_auc([total] * len(tables), parts)
+        without_u = mean_auc([total - c for c in clear], parts)
+        if gap == "large":
+            assert with_u - without_u > 0.05
+        else:
+            assert np.std(total) == pytest.approx(1.0, rel=0.05)  # the whole noise, sigma C
+            assert abs(with_u - without_u) < 0.02
+
+
+def test_the_server_refuses_an_aggregate_no_honest_round_can_give():
+    shapes, table = [(3,), ()], (5, 2)
+    ok = [np.zeros(3), np.zeros(1), np.zeros((5, 2))]
+    assert [a.shape for a in check_sum(ok, shapes, table, 1.0, 0.1, 10.0)] == [(3,), (), (5, 2)]
+    with pytest.raises(UploadRejected, match="arrays"):
+        check_sum(ok[:2], shapes, table, 1.0, 0.1, 10.0)
+    with pytest.raises(UploadRejected, match="NaN"):
+        check_sum([np.full(3, np.nan), np.zeros(1), np.zeros((5, 2))], shapes, table, 1.0, 0.1, 10.0)
+    with pytest.raises(UploadRejected, match="L2 norm"):  # ~30 clipped updates of C = 1 cannot sum to 1000
+        check_sum([np.full(3, 1000.0), np.zeros(1), np.zeros((5, 2))], shapes, table, 1.0, 0.1, 10.0)
+
+
+def test_a_short_user_dp_run_in_process_learns_and_reports_its_user_level_budget(tiny_cfg):
+    cfg = tiny_cfg("privacy.mode=user_dp", "privacy.target_epsilon=8", "federation.rounds=12",
+                   "federation.eval_every=12", "federation.clients_per_round=30", "server_opt.name=adam",
+                   "server_opt.lr=0.01", "server_opt.item_lr=0.05", "local.loss=sum", "local.batch_size=1000")
+    out = run_in_process(cfg, log_every=0)
+    privacy = out["history"][-1]["privacy"]
+    assert privacy["mode"] == "user_dp" and privacy["rounds"] == 12 and 7.5 < privacy["epsilon"] <= 8.0
+    assert out["eval_ratings"] == out["test_ratings"]  # every test rating scored
+    assert np.isfinite(out["rmse"])
+    again = run_in_process(cfg, log_every=0)
+    assert again["rmse"] == out["rmse"]  # the same config and seed give the same numbers
+
+
+@needs_superlink
+def test_flwr_run_user_dp_through_secaggplus(tmp_path, capsys):
+    """Through `flwr run`: registration in the clear, then every training round through Flower's SecAgg+; the
+    result names the user-level budget, and every node's vector went up (the whole table each)."""
+    out = tmp_path / "out"
+    run_main(["--preset", "fedgnn_user_dp", "--dataset", "synthetic", "--out", str(out),
+              "--cache-dir", str(tmp_path / "cache"), "--set", "data.synthetic.num_users=40",
+              "data.synthetic.num_items=30", "data.synthetic.mean_degree=8", "model.dim=8", "federation.rounds=2",
+              "federation.eval_every=2", "federation.clients_per_round=20", "simulation.users_per_node=10"])
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["status"] == "finished" and np.isfinite(final["rmse"])
+    train = [r for r in doc["rounds"] if r.get("phase") == "train"]
+    assert len(train) == 2 and all(r["applied"] and r["nodes"] == 4 and r["clients"] == 40 for r in train)
+    assert all(r["bytes_up"] >= 30 * 9 * 4 for r in train)  # the whole table (30 items x (8 + 1)) per node
+    assert doc["privacy"]["mode"] == "user_dp" and 0 < doc["privacy"]["epsilon"] <= 8.0
+    assert doc["final"]["eval_ratings"] == doc["final"]["test_ratings"]
