@@ -1,7 +1,8 @@
 """A real Flower deployment on loopback: SuperLink (TLS + SuperNode auth), one SuperNode per user
-(FedGNN) or per domain (FPPDM), the neighbour service, each its own process; then `flwr run`.
+(FedGNN under LDP, and under user-level DP with SecAgg+) or per domain (FPPDM), the neighbour service, each
+its own process; then `flwr run`.
 
-    python deploy/run_local.py --work /tmp/fedrec-deploy [--algorithms fedgnn fppdm] [--rounds 2]
+    python deploy/run_local.py --work /tmp/fedrec-deploy [--algorithms fedgnn fedgnn_user_dp fppdm] [--rounds 2]
 
 Every step is the one a real operator runs on separate machines (see README, "Deployment"):
 certificates (deploy/make_certs.sh), per-node data files (fedrec_flwr.node_data), a SuperLink
@@ -196,19 +197,24 @@ class Deployment:
                 proc.wait()
 
 
+PER_USER = ("fedgnn", "fedgnn_user_dp")  # deployments with one SuperNode per user (the others: one per domain)
+
+
 def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, nodes: int) -> dict:
     """Stand up one deployment for `algorithm` in `dep.work`, run it through `flwr run`, return its results.json.
     `certs` holds the CA, the SuperLink's certificate and keys node-0 .. node-{nodes+1}: node-0 .. node-{nodes-1}
     the devices, node-{nodes} never registered, node-{nodes+1} an impostor."""
     work = dep.work
     data = work / "data"
-    if algorithm == "fedgnn":
-        preset, dataset = "fedgnn_paper", "synthetic"
+    per_user = algorithm in PER_USER
+    if per_user:  # FedGNN with LDP, graph expansion and malformed uploads; or under user-level DP with SecAgg+
+        preset, dataset = ("fedgnn_paper" if algorithm == "fedgnn" else "fedgnn_user_dp"), "synthetic"
         data_set = [f"data.synthetic.num_users={nodes}", "data.synthetic.num_items=60", "data.synthetic.mean_degree=12",
                     "data.synthetic.test_fraction=0.3", "model.dim=16", "privacy.pseudo_items=20"]
         run_set = [*data_set, f"federation.rounds={rounds}", f"federation.clients_per_round={nodes}",
-                   "federation.min_clients=2", f"deployment.min_nodes={nodes + 1}", f"federation.eval_every={rounds}",
-                   "expansion.mode=fixed", "expansion.epoch=1", "faults.malformed=0.3"]
+                   "federation.min_clients=2", f"deployment.min_nodes={nodes + 1}", f"federation.eval_every={rounds}"]
+        if algorithm == "fedgnn":
+            run_set += ["expansion.mode=fixed", "expansion.epoch=1", "faults.malformed=0.3"]
         files = [data / f"user-{i}.npz" for i in range(nodes)]
     else:
         preset, dataset = "fppdm", "synthetic-md3"
@@ -254,13 +260,14 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
                 str(BIN / "flwr"), "supernode", "register", str(certs / f"node-{i}.pub"), "deploy", "--format", "json"]),
                 registered)
             node_ids = {i: int(json.loads(reply[reply.index("{"):])["node-id"]) for i, reply in zip(registered, replies)}
-        if algorithm == "fedgnn":  # the operator's node list: device i speaks for user i; the impostor for nobody
+        if per_user:  # the operator's node list: device i speaks for user i; the impostor for nobody
             node_list = work / "node-list.json"
             node_list.write_text(json.dumps({str(node_ids[i]): [i] for i in range(nodes)}))
             run_set.append(f"deployment.node_list={node_list}")
+        if algorithm == "fedgnn":
             with Phase(algorithm, "neighbour service start (listening)", since=started):
                 wait_port(service, svc, "neighbour service")
-        starts = [*range(nodes + 1), nodes + 1] if algorithm == "fedgnn" else range(nodes + 1)
+        starts = [*range(nodes + 1), nodes + 1] if per_user else range(nodes + 1)
         for i in starts:  # the impostor (registered, unlisted) holds device 0's file and claims its user
             node_config = f"data-path='{files[i if i < nodes else 0]}' state-dir='{work / 'devices' / str(i)}'"
             # only the never-registered node gives up (it is refused at activation); the others retry as long
@@ -305,14 +312,14 @@ def main() -> None:
     """Run the deployment for each algorithm (at the same time unless --one-at-a-time); print what was checked."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="outputs/deploy")
-    ap.add_argument("--algorithms", nargs="+", default=["fedgnn", "fppdm"])
+    ap.add_argument("--algorithms", nargs="+", default=["fedgnn", "fedgnn_user_dp", "fppdm"])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--fedgnn-nodes", type=int, default=4)
     ap.add_argument("--one-at-a-time", action="store_true", help="deploy the algorithms one after the other")
     args = ap.parse_args()
     work = Path(args.work).resolve()
     shutil.rmtree(work, ignore_errors=True)
-    nodes = {a: args.fedgnn_nodes if a == "fedgnn" else 3 for a in args.algorithms}
+    nodes = {a: args.fedgnn_nodes if a in PER_USER else 3 for a in args.algorithms}
     certs = work / "certs"  # one CA, SuperLink certificate and set of node keys; each SuperLink registers its own
     with Phase("all", "certificates and node keys"):
         subprocess.run(["bash", str(ROOT / "deploy" / "make_certs.sh"), str(certs), str(max(nodes.values()) + 2)],

@@ -131,12 +131,12 @@ def _get(cfg, key: str):
 
 
 def test_every_fedgnn_dataset_resolves_to_its_own_settings():
-    """Each dataset's conf/fedgnn_tuned/<name>.yaml applies to fedgnn_tuned and to fedgnn_user_dp (which
-    inherits it); ML-100K, which has no file, runs the preset's own values. Both keep popularity-proof sets
-    (user-level DP has none to keep: its uploads cover the whole catalogue)."""
+    """Each dataset's conf/fedgnn_tuned/<name>.yaml applies to fedgnn_tuned and to fedgnn_features (which
+    inherits it, even where it sets the key itself); ML-100K, which has no file, runs the preset's own values.
+    Both keep popularity-proof sets."""
     for name in FEDGNN_DATASETS:
         path = CONF_DIR / "fedgnn_tuned" / f"{name}.yaml"
-        tuned, private = load_config("fedgnn_tuned", name), load_config("fedgnn_user_dp", name)
+        tuned, private = load_config("fedgnn_tuned", name), load_config("fedgnn_features", name)
         assert tuned.data.name == private.data.name == name
         if name == "ml-100k":
             assert not path.exists()

@@ -1,6 +1,7 @@
 """The deployment test: a real SuperLink with TLS and SuperNode auth, SuperNodes, the neighbour service.
 
-About 7 minutes on 2 busy cores (FedGNN and FPPDM deploy at the same time; deploy/run_local.py prints
+A few minutes on 2 busy cores (FedGNN under LDP, FedGNN under user-level DP with SecAgg+, and FPPDM deploy at
+the same time; deploy/run_local.py prints
 one line per step with its wall time, shown here on failure), so it runs under `make deploy-test`
 (FEDREC_DEPLOY_TEST=1), which CI calls after the main suite; plain `make test` skips it.
 """
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.skipif(os.environ.get("FEDREC_DEPLOY_TEST") != "1", reason="deployment test: run `make deploy-test`")
-def test_fedgnn_and_fppdm_on_a_real_superlink_with_authenticated_supernodes(tmp_path):
+def test_fedgnn_user_dp_and_fppdm_on_a_real_superlink_with_authenticated_supernodes(tmp_path):
     work = tmp_path / "deploy"
     proc = subprocess.run([sys.executable, str(ROOT / "deploy" / "run_local.py"), "--work", str(work)],
                           capture_output=True, text=True, timeout=1500)
@@ -40,5 +41,10 @@ def test_fedgnn_and_fppdm_on_a_real_superlink_with_authenticated_supernodes(tmp_
     assert fedgnn["rounds"][0]["accepted"] == 4, why  # the four listed devices, not the rogue or the impostor
     assert summary["fedgnn"]["impostor_refused"]  # a registered but unlisted node claiming user 0 was refused
     assert any("NaN" in r["reason"] for r in fedgnn["rejections"])  # a malformed upload was rejected, not averaged
+    user_dp = json.loads(Path(summary["fedgnn_user_dp"]["results_file"]).read_text())  # SecAgg+ on real SuperNodes
+    train = [r for r in user_dp["rounds"] if r.get("phase") == "train"]
+    assert user_dp["status"] == "finished" and all(r["applied"] and r["nodes"] == 4 for r in train), user_dp["rounds"]
+    assert user_dp["privacy"]["mode"] == "user_dp" and 0 < user_dp["privacy"]["epsilon"] <= 8
+    assert summary["fedgnn_user_dp"]["impostor_refused"] and summary["fedgnn_user_dp"]["rogue_node_refused"]
     fppdm = json.loads(Path(summary["fppdm"]["results_file"]).read_text())
     assert fppdm["rounds"][0]["clients"] == 3 and 0 <= fppdm["final"]["hr@10"] <= 1

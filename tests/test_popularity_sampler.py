@@ -83,6 +83,10 @@ def test_matched_sets_hold_the_popularity_attack_at_chance_level_on_ml100k(share
     result = registration_popularity_attack(load_config("fedgnn_tuned", "ml-100k", [f"data.data_dir={shared_data}"]))
     for attack in ATTACKS:
         assert result[attack]["auc"] <= 0.60, result
+    # co-occurrence with the set's other items: within 0.1 of chance either way on ML-100K (measured 0.436 by lift,
+    # 0.542 by cosine); on Douban lift reaches 0.618, the stated limit of any set sampler (docs/privacy.md)
+    for attack in ("co-occurrence lift", "co-occurrence cosine"):
+        assert abs(result[attack]["auc"] - 0.5) <= 0.10, result
 
 
 def test_matched_sampler_runs_round_zero_and_resumes_exactly(tiny_cfg, tmp_path):
