@@ -3,11 +3,12 @@
     python -m benchmarks.user_dp_curve --data-dir DATA [--datasets ml-100k douban] [--epsilons 1 2 4 8 16]
         [--rounds 100] [--seed 0] [--set KEY=VALUE ...]
 
-One in-process run (`fedrec run --in-process`: the round core and device code of `flwr run`, the SecAgg+ sum
+One in-process run (`fedrec_flwr.inprocess`: the round core and device code of `flwr run`, the SecAgg+ sum
 taken directly) of the `fedgnn_user_dp` preset per dataset and target epsilon, with sigma calibrated so the
 run's rounds spend exactly that epsilon at delta = 1e-5 (add or remove one user; Poisson-subsampled
 Gaussian, RDP). Each point keeps the run's final RMSE, its curve, its budget and the split's baselines on
-the same test ratings (global, user and item mean, the bias model). Resumable: finished cells are kept in
+the same test ratings (every user scores all its test ratings; global, user and item mean, the bias
+model). Resumable: finished cells are kept in
 benchmarks/results/user_dp_curve.json and skipped on a rerun. `--plot` draws user_dp_curve.png from it,
 with the LDP mode's RMSE at its own accounted per-user epsilon (benchmarks/results/privacy_utility.json).
 """
@@ -16,32 +17,39 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+from datetime import date
 from pathlib import Path
 
+import torch
+
 from benchmarks.common import add_data_dir
-from fedrec_flwr.sweep import load_sweep, run_missing, run_record
+from fedrec_flwr.baselines import baseline_rmses
+from fedrec_flwr.config import load_config
+from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fsutil import atomic_write
+from fedrec_flwr.inprocess import run_in_process
 
 OUT = Path("benchmarks/results/user_dp_curve.json")
 LDP = Path("benchmarks/results/privacy_utility.json")
 
 
-def cells(datasets: list[str], epsilons: list[float], rounds: int, seed: int, data_dir: str,
-          extra: list[str]) -> list[tuple[dict, list[str]]]:
-    """One (fields, fedrec run argv) cell per dataset and target epsilon."""
-    out = []
-    for dataset in datasets:
-        for eps in epsilons:
-            fields = {"dataset": dataset, "target_epsilon": eps, "rounds": rounds, "seed": seed, "extra": extra}
-            argv = ["--in-process", "--preset", "fedgnn_user_dp", "--dataset", dataset, "--data-dir", data_dir,
-                    "--seed", str(seed), "--set", f"privacy.target_epsilon={eps}", f"federation.rounds={rounds}",
-                    f"federation.eval_every={max(rounds // 5, 1)}", *extra]
-            out.append((fields, argv))
-    return out
-
-
-def with_baselines(res: dict) -> dict:
-    """`run_record`, plus the split's baselines on the scored ratings."""
-    return {**run_record(res), "baselines": res.get("baselines"), "baseline_ratings": res.get("baseline_ratings")}
+def run_cell(dataset: str, eps: float, rounds: int, seed: int, data_dir: str, extra: list[str]) -> dict:
+    """One in-process run: final RMSE, its curve, its user-level budget, and the split's baselines."""
+    overrides = [f"data.data_dir={data_dir}", f"seed={seed}", f"privacy.target_epsilon={eps}",
+                 f"federation.rounds={rounds}", f"federation.eval_every={max(rounds // 5, 1)}", *extra]
+    cfg = load_config("fedgnn_user_dp", dataset, overrides)
+    torch.set_num_threads(1)
+    started = time.time()
+    out = run_in_process(cfg, log_every=0)
+    evals = [h for h in out["history"] if "rmse" in h]
+    return {"final": {"rmse": out["rmse"], "eval_ratings": out["eval_ratings"], "test_ratings": out["test_ratings"]},
+            "rmse_by_round": {str(h["round"]): h["rmse"] for h in evals}, "privacy": evals[-1]["privacy"],
+            "baselines": baseline_rmses(UserPartitions(prepare_partitions(cfg.data)).ratings()),
+            "median_round_seconds": out["median_round_seconds"], "wall_seconds": round(time.time() - started, 1),
+            "command": "python -m benchmarks.user_dp_curve --data-dir DATA --datasets " + dataset
+                       + f" --epsilons {eps:g} --rounds {rounds} --seed {seed}" + (" --set " + " ".join(extra) if extra else ""),
+            "date": date.today().isoformat()}
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -55,10 +63,19 @@ def plot(doc: dict, path: Path) -> None:
     datasets = list(dict.fromkeys(r["dataset"] for r in doc["runs"]))
     fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
-        runs = sorted((r for r in doc["runs"] if r["dataset"] == dataset), key=lambda r: r["target_epsilon"])
-        eps = [r["privacy"]["epsilon"] for r in runs]
-        ax.plot(eps, [r["final"]["rmse"] for r in runs], "o-", label="user-level DP (fedgnn_user_dp)")
-        for (name, value), style in zip((runs[-1].get("baselines") or {}).items(), ("--", "-.", ":", (0, (1, 3)))):
+        mine = [r for r in doc["runs"] if r["dataset"] == dataset]
+        runs = sorted((r for r in mine if not r["extra"] and r["seed"] == 0), key=lambda r: r["target_epsilon"])
+        ax.plot([r["privacy"]["epsilon"] for r in runs], [r["final"]["rmse"] for r in runs], "o-",
+                label="user-level DP (fedgnn_user_dp), seed 0")
+        seeds = [r for r in mine if not r["extra"] and r["seed"] != 0]
+        ax.plot([r["privacy"]["epsilon"] for r in seeds], [r["final"]["rmse"] for r in seeds], "x", color="C0",
+                label="other seeds")
+        for r in mine:  # the references without noise (and without clipping): where the error comes from
+            if r["extra"] and r["privacy"]["noise_multiplier"] < 1e-3:
+                clipped = not any(e.startswith("privacy.clip_norm") for e in r["extra"])
+                ax.axhline(r["final"]["rmse"], color="C1" if clipped else "C2",
+                           label=f"no noise, {'clipped' if clipped else 'no clip'}: {r['final']['rmse']:.3f}")
+        for (name, value), style in zip(runs[-1]["baselines"].items(), ("--", "-.", ":", (0, (1, 3)))):
             ax.axhline(value, color="grey", linestyle=style, label=f"{name} baseline {value:.3f}")
         for r in ldp.get("runs", []):
             if r["dataset"] == dataset and r["noise_lambda"] == 0.2 and not r["extra"]:
@@ -86,10 +103,21 @@ def main() -> None:
     ap.add_argument("--plot", action="store_true", help="only draw the PNG from the recorded runs")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    if not args.plot:
-        doc = load_sweep(args.out, args.datasets, {"preset": "fedgnn_user_dp", "delta": 1e-5})
-        run_missing(doc, args.out, cells(args.datasets, args.epsilons, args.rounds, args.seed, args.data_dir, args.extra),
-                    "user_dp_curve", with_baselines)
+    if not args.plot:  # resumable: a cell already in the file is skipped, the file is saved after each run
+        doc = json.loads(args.out.read_text()) if args.out.is_file() else {"preset": "fedgnn_user_dp", "runs": []}
+        for dataset in args.datasets:
+            for eps in args.epsilons:
+                fields = {"dataset": dataset, "target_epsilon": eps, "rounds": args.rounds, "seed": args.seed,
+                          "extra": args.extra}
+                if any(all(r.get(k) == v for k, v in fields.items()) for r in doc["runs"]):
+                    continue
+                print(f"[user_dp_curve] {dataset} epsilon {eps:g} ...", flush=True)
+                doc["runs"].append({**fields, **run_cell(dataset, eps, args.rounds, args.seed, args.data_dir,
+                                                         args.extra)})
+                r = doc["runs"][-1]
+                print(f"[user_dp_curve] {dataset} epsilon {r['privacy']['epsilon']:.3f}: RMSE {r['final']['rmse']:.4f} "
+                      f"(sigma {r['privacy']['noise_multiplier']:.3f}, {r['wall_seconds']:.0f}s)", flush=True)
+                atomic_write(args.out, json.dumps(doc, indent=1))
     plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
 
 
