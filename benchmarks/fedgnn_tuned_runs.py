@@ -1,0 +1,71 @@
+"""`fedgnn_tuned`'s headline runs, in-process, added to benchmarks/results/fedgnn_tuned.json.
+
+    python -m benchmarks.fedgnn_tuned_runs --data-dir DATA --dataset ml-100k [--seeds 0 1 2] [--set KEY=VALUE ...]
+
+One run per seed of the preset as it is (its per-dataset schedule, popularity-matched pseudo items, the
+paper's LDP) through `fedrec_flwr.inprocess`: the round core and device code of `flwr run`, which gives the
+same numbers (BENCHMARKS.md, first run). Each run keeps its final metrics, its RMSE curve, its accounted
+budget and its wall time. Resumable: a (dataset, seed, sampler, overrides) already in the file is skipped,
+the file is saved after each run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+from benchmarks.common import add_data_dir
+from fedrec_flwr.config import load_config
+from fedrec_flwr.fsutil import atomic_write
+from fedrec_flwr.inprocess import run_in_process
+
+OUT = Path("benchmarks/results/fedgnn_tuned.json")
+
+
+def run(dataset: str, seed: int, data_dir: str, extra: list[str]) -> dict:
+    """One in-process run of fedgnn_tuned: the record the results page reads."""
+    cfg = load_config("fedgnn_tuned", dataset, [f"data.data_dir={data_dir}", f"seed={seed}", *extra])
+    torch.set_num_threads(1)
+    started = time.time()
+    out = run_in_process(cfg, log_every=0)
+    evals = [h for h in out["history"] if "rmse" in h]
+    return {"dataset": dataset, "seed": seed, "privacy": cfg.privacy.ldp, "sampler": cfg.privacy.pseudo_sampler,
+            "extra": extra, "final": {"rmse": out["rmse"], "eval_ratings": out["eval_ratings"],
+                                      "test_ratings": out["test_ratings"]},
+            "rmse_by_round": {str(h["round"]): h["rmse"] for h in evals}, "budget": evals[-1]["privacy"],
+            "median_round_seconds": out["median_round_seconds"], "wall_seconds": round(time.time() - started, 1),
+            "command": f"python -m benchmarks.fedgnn_tuned_runs --data-dir DATA --dataset {dataset} --seeds {seed}"
+                       + (" --set " + " ".join(extra) if extra else ""),
+            "via": "in-process", "date": date.today().isoformat()}
+
+
+def main() -> None:
+    """Run the seeds not yet in the file."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_dir(ap)
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0])
+    ap.add_argument("--set", nargs="*", default=[], dest="extra", help="further config overrides of every run")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    doc = json.loads(args.out.read_text()) if args.out.is_file() else {"runs": []}
+    sampler = load_config("fedgnn_tuned", args.dataset, args.extra).privacy.pseudo_sampler
+    for seed in args.seeds:
+        key = {"dataset": args.dataset, "seed": seed, "sampler": sampler, "extra": args.extra}
+        if any(all(r.get(k) == v for k, v in key.items()) for r in doc["runs"]):
+            continue
+        print(f"[fedgnn_tuned_runs] {args.dataset} seed {seed} ...", flush=True)
+        doc["runs"].append(run(args.dataset, seed, args.data_dir, args.extra))
+        r = doc["runs"][-1]
+        print(f"[fedgnn_tuned_runs] {args.dataset} seed {seed}: RMSE {r['final']['rmse']:.4f} ({r['wall_seconds']:.0f}s)",
+              flush=True)
+        atomic_write(args.out, json.dumps(doc, indent=1))
+
+
+if __name__ == "__main__":
+    main()
