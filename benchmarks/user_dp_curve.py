@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import add_data_dir
+from benchmarks.privacy_utility import paper_budget_point
 from fedrec_flwr.baselines import baseline_rmses
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
@@ -78,8 +79,8 @@ def plot(doc: dict, path: Path) -> None:
         for (name, value), style in zip(runs[-1]["baselines"].items(), ("--", "-.", ":", (0, (1, 3)))):
             ax.axhline(value, color="grey", linestyle=style, label=f"{name} baseline {value:.3f}")
         for r in ldp.get("runs", []):
-            if r["dataset"] == dataset and r["noise_lambda"] == 0.2 and not r["extra"]:
-                p = next(p for p in r["points"] if round(p["epochs"]) == 3)
+            p = paper_budget_point(r) if r["dataset"] == dataset and not r["extra"] else None
+            if p is not None:
                 ax.annotate(f"LDP (paper's budget): RMSE {p['rmse']:.3f} at user-level eps {p['epsilon_tight']:.1e}",
                             xy=(0.02, 0.02), xycoords="axes fraction", fontsize=8)
         ax.set_xscale("log", base=2)
