@@ -23,6 +23,7 @@ from benchmarks.common import add_data_dir
 from fedrec_flwr.config import load_config
 from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.inprocess import run_in_process
+from fedrec_flwr.sweep import finished
 
 OUT = Path("benchmarks/results/fedgnn_tuned.json")
 
@@ -57,7 +58,7 @@ def main() -> None:
     sampler = load_config("fedgnn_tuned", args.dataset, args.extra).privacy.pseudo_sampler
     for seed in args.seeds:
         key = {"dataset": args.dataset, "seed": seed, "sampler": sampler, "extra": args.extra}
-        if any(all(r.get(k) == v for k, v in key.items()) for r in doc["runs"]):
+        if finished(doc, key):
             continue
         print(f"[fedgnn_tuned_runs] {args.dataset} seed {seed} ...", flush=True)
         doc["runs"].append(run(args.dataset, seed, args.data_dir, args.extra))

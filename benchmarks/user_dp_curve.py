@@ -30,6 +30,7 @@ from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.inprocess import run_in_process
+from fedrec_flwr.sweep import finished
 
 OUT = Path("benchmarks/results/user_dp_curve.json")
 LDP = Path("benchmarks/results/privacy_utility.json")
@@ -110,7 +111,7 @@ def main() -> None:
             for eps in args.epsilons:
                 fields = {"dataset": dataset, "target_epsilon": eps, "rounds": args.rounds, "seed": args.seed,
                           "extra": args.extra}
-                if any(all(r.get(k) == v for k, v in fields.items()) for r in doc["runs"]):
+                if finished(doc, fields):
                     continue
                 print(f"[user_dp_curve] {dataset} epsilon {eps:g} ...", flush=True)
                 doc["runs"].append({**fields, **run_cell(dataset, eps, args.rounds, args.seed, args.data_dir,

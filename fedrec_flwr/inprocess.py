@@ -97,14 +97,15 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
         rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": out["accepted"], "rejected": out["rejected"]}
         if rounds.is_eval_round(rnd - 1 == last):
             weights = server.model_weights()
+            current = server.table() if user_dp else None  # the whole table, read once for every evaluating user
 
             def rmse(table: np.ndarray | None = None) -> float:
                 if table is None:
                     replies = []
                     for node, hosted in rounds.plan_eval(connected).items():
                         if user_dp:
-                            _, table, _ = split_table_download(rounds.download(hosted, weights), len(weights))
-                            rows = [table] * len(hosted)
+                            _, whole, _ = split_table_download(rounds.download(hosted, weights, current), len(weights))
+                            rows = [whole] * len(hosted)
                         else:
                             _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
                         sse, sae, n = (sum(x) for x in zip(*(user(u).evaluate(weights, r) for u, r in zip(hosted, rows))))

@@ -139,18 +139,16 @@ def secagg_fit_workflow(cfg, strategy):
     from flwr.server.workflow.default_workflows import default_fit_workflow
 
     from fedrec_flwr.federation_size import user_nodes
-    from fedrec_flwr.fedgnn.accounting import run_noise_multiplier
     from fedrec_flwr.fedgnn.user_dp import secagg_clipping_range, secagg_quantization_range
 
-    p, f = cfg.privacy, cfg.federation
-    num_users = strategy.bindings.num_users
-    sigma = run_noise_multiplier(p, f.clients_per_round, num_users, f.rounds)
+    p = cfg.privacy
+    sigma = strategy.rounds.user_dp.sigma  # the run's noise multiplier, as its ledger holds it
     per_node = 1 if cfg.data.catalogue else cfg.simulation.users_per_node
-    nodes = num_users if cfg.data.catalogue else user_nodes(cfg)
+    nodes = strategy.bindings.num_users if cfg.data.catalogue else user_nodes(cfg)
     secure = SecAggPlusWorkflow(num_shares=p.secagg_shares, reconstruction_threshold=p.secagg_threshold, max_weight=1.0,
                                 clipping_range=secagg_clipping_range(p.clip_norm, sigma, per_node),
                                 quantization_range=secagg_quantization_range(nodes),
-                                timeout=f.round_timeout or None)
+                                timeout=cfg.federation.round_timeout or None)
 
     def fit(grid, context) -> None:
         """One fit round, secure or plain by the strategy's phase of it."""

@@ -36,6 +36,11 @@ def load_sweep(out: Path, datasets: list[str], settings: dict) -> dict:
     return doc
 
 
+def finished(doc: dict, fields: dict) -> bool:
+    """Whether the sweep document already holds a run with these fields (a rerun skips it)."""
+    return any(all(r.get(k) == v for k, v in fields.items()) for r in doc["runs"])
+
+
 def run_missing(doc: dict, out: Path, cells: list[tuple[dict, list[str]]], tag: str,
                 extra: Callable[[dict], dict] | None = None) -> dict:
     """Run each (fields, fedrec run argv) cell whose fields are not in doc yet; save after each run.
@@ -45,7 +50,7 @@ def run_missing(doc: dict, out: Path, cells: list[tuple[dict, list[str]]], tag: 
     run in flight.
     """
     for n, (fields, argv) in enumerate(cells, 1):
-        if any(all(r.get(k) == v for k, v in fields.items()) for r in doc["runs"]):
+        if finished(doc, fields):
             continue
         started = time.time()
         print(f"[{tag}] {n}/{len(cells)}: " + " ".join(str(v) for v in fields.values()), flush=True)

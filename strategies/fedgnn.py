@@ -231,7 +231,8 @@ class FedGNNStrategy(Strategy):
             return []
         nodes = self._registered_nodes(client_manager)
         weights, config = self.server.model_weights(), self._round_config(server_round)
-        return [(nodes[nid], EvaluateIns(ndarrays_to_parameters(self.rounds.download(users, weights)), config))
+        table = self.server.table() if self.rounds.user_dp is not None else None  # read once for every node
+        return [(nodes[nid], EvaluateIns(ndarrays_to_parameters(self.rounds.download(users, weights, table)), config))
                 for nid, users in self.rounds.plan_eval(set(nodes)).items()]
 
     @records_failure

@@ -119,7 +119,8 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
     row_bias = cfg.model.item_bias  # item rows carry b_i as a last column (width row_width = d + 1)
     counts = [(data.train_items.size, st.neighbours.shape[0]) for st, data in zip(states, datas)]
     width, n_width = max(t for t, _ in counts), max(n for _, n in counts)
-    items_np = [r[row_positions(cfg.privacy, st, data.train_items)] for st, data, r in zip(states, datas, rows)]
+    whole_table = cfg.privacy.mode == "user_dp"
+    items_np = [r[row_positions(st, data.train_items, whole_table)] for st, data, r in zip(states, datas, rows)]
     items_x, item_mask = _pad(items_np, width, row_width(cfg.model), device)
     items_x.requires_grad_(True)
     neigh_x, neigh_mask = _pad([st.neighbours for st in states], n_width, d, device)

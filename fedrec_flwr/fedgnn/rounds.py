@@ -240,11 +240,13 @@ class FedGNNRounds:
         self._train_plan = (logical_round, {node: set(users) for node, users in plan.items()})
         return plan
 
-    def download(self, users: list[int], weights: list[np.ndarray] | None = None) -> list[np.ndarray]:
-        """One node's download: the model weights and the item rows of its users' anonymity sets."""
+    def download(self, users: list[int], weights: list[np.ndarray] | None = None,
+                 table: np.ndarray | None = None) -> list[np.ndarray]:
+        """One node's download: the model weights and the item rows of its users' anonymity sets (user_dp: the whole
+        item table; `weights` and `table`, where given, read once for all the round's nodes)."""
         weights = self.server.model_weights() if weights is None else weights
         if self.user_dp is not None:  # the whole table, the same for every node: it tells nothing about its users
-            return frame_table_download(weights, self.server.table(), users)
+            return frame_table_download(weights, self.server.table() if table is None else table, users)
         return frame_download(weights, users, [self.server.rows_for(u) for u in users])
 
     def validate_reply(self, logical_round: int, reply: NodeReply) -> tuple[list[TrainUpdate], int]:

@@ -166,10 +166,10 @@ def _features_of(data: UserData, items: np.ndarray, device: torch.device) -> tor
     return torch.from_numpy(np.ascontiguousarray(data.item_features[items])).to(device)
 
 
-def row_positions(privacy: PrivacyConfig, state: UserState, items: np.ndarray) -> np.ndarray:
+def row_positions(state: UserState, items: np.ndarray, whole_table: bool) -> np.ndarray:
     """Where the rows of `items` (sorted ids) sit in what the server sent the user: the whole item table under
-    user-level DP (row = item id), else the rows of its anonymity set (sorted ids)."""
-    return items if privacy.mode == "user_dp" else np.searchsorted(state.anonymity_ids, items)
+    user-level DP (`whole_table`: row = item id), else the rows of its anonymity set (sorted ids)."""
+    return items if whole_table else np.searchsorted(state.anonymity_ids, items)
 
 
 def evaluate_user(
@@ -187,7 +187,7 @@ def evaluate_user(
     device = device or torch.device("cpu")
     model = ready(model, device, training=False)
     def rows(items: np.ndarray) -> torch.Tensor:  # `item_rows`: the whole table, or the anonymity set's rows
-        return torch.from_numpy(item_rows[items if whole_table else np.searchsorted(state.anonymity_ids, items)])
+        return torch.from_numpy(item_rows[row_positions(state, items, whole_table)])
 
     train_x, query_x = rows(data.train_items).to(device), rows(data.test_items).to(device)
     batch = build_star_batch([data.train_items.size], [data.test_items.size], [state.neighbours.shape[0]]).to(device)
@@ -225,11 +225,15 @@ class FedGNNUser:
         """The user's id (known to the recommendation server, which knows who its clients are)."""
         return self.data.user
 
+    @property
+    def whole_table(self) -> bool:
+        """Whether the server sends this user the whole item table (user-level DP) rather than its anonymity set's rows."""
+        return self.cfg.privacy.mode == "user_dp"
+
     def item_rows(self, rows: np.ndarray) -> np.ndarray:
         """The server's rows of this user's anonymity set as float32, checked against the set's shape."""
         rows = np.asarray(rows, np.float32)
-        whole = self.cfg.privacy.mode == "user_dp"  # the whole table, else the anonymity set's rows
-        expected = (self.meta.num_items if whole else self.state.anonymity_ids.size, row_width(self.cfg.model))
+        expected = (self.meta.num_items if self.whole_table else self.state.anonymity_ids.size, row_width(self.cfg.model))
         if rows.shape != expected:
             raise ValueError(f"item rows have shape {rows.shape}, expected {expected}")
         return rows
@@ -289,4 +293,4 @@ class FedGNNUser:
         """(SSE, SAE, n) on the user's own test ratings."""
         set_weights(self.model, weights)
         return evaluate_user(self.model, self.state, self.data, self.item_rows(rows), self.meta.scale.low,
-                             self.meta.scale.high, self.device, whole_table=self.cfg.privacy.mode == "user_dp")
+                             self.meta.scale.high, self.device, whole_table=self.whole_table)

@@ -62,7 +62,6 @@ class NodeSum:
         self.model = [torch.zeros(shape, device=device) for shape in model_shapes]
         self.table = torch.zeros((num_items, width), device=device)
         self.clip_norm, self.device = clip_norm, device
-        self.contributors = 0
 
     def add(self, steps: StepBatch, items: list[np.ndarray]) -> None:
         """Clip each user's update of `steps` to L2 norm C and add it (`items[k]`: user k's rated item ids, the order
@@ -74,7 +73,6 @@ class NodeSum:
         for k, ids in enumerate(items):
             if ids.size:
                 self.table.index_add_(0, torch.from_numpy(ids).to(self.device), steps.rows[k, : ids.size] * scale[k])
-        self.contributors += len(items)
 
     def noised(self, std: float, generator: torch.Generator) -> list[np.ndarray]:
         """[*model sums, table sum] + N(0, std^2) per coordinate, drawn on the CPU (CPU and CUDA nodes draw the same

@@ -22,7 +22,7 @@ AUCs are "real items score higher": 0.5 is chance.
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -205,14 +205,23 @@ def popularity_attack(sets: dict[int, np.ndarray], own: dict[int, np.ndarray], s
     if scores is None:
         scores = np.bincount(np.concatenate([np.asarray(s, np.int64) for s in sets.values()]), minlength=num_items)
     scores = np.asarray(scores, np.float64)
+    return _ranked_sets(sets, own, list(sets), lambda ids: scores[ids], top)
+
+
+def _ranked_sets(sets: dict[int, np.ndarray], own: dict[int, np.ndarray], users: list[int],
+                 scores_of: Callable[[np.ndarray], np.ndarray], top: int, min_size: int = 1) -> PopularityAttack:
+    """Mean over `users` of the per-user AUC of `scores_of(its set)` for "real items first", the real share of the
+    top-`top` ranked (ties broken by item id, which carries no information) and the base rate. Users whose set is
+    all real, all pseudo or smaller than `min_size` are skipped (no ranking to score)."""
     aucs, tops, bases = [], [], []
-    for u, ids in sets.items():
-        ids = np.asarray(ids, np.int64)
+    for u in users:
+        ids = np.asarray(sets[u], np.int64)
         is_real = np.isin(ids, own[u])
-        if is_real.all() or not is_real.any():
+        if is_real.all() or not is_real.any() or ids.size < min_size:
             continue
-        aucs.append(separation_auc(scores[ids], is_real))
-        order = np.lexsort((ids, -scores[ids]))
+        scores = scores_of(ids)
+        aucs.append(separation_auc(scores, is_real))
+        order = np.lexsort((ids, -scores))
         tops.append(float(is_real[order[:top]].mean()))
         bases.append(float(is_real.mean()))
     return PopularityAttack(float(np.mean(aucs)), float(np.mean(tops)), float(np.mean(bases)), len(aucs))
@@ -234,23 +243,16 @@ def cooccurrence_attack(sets: dict[int, np.ndarray], own: dict[int, np.ndarray],
         x[row, np.asarray(sets[u], np.int64)] = 1.0
     pairs = x.T @ x  # items x items: how many sets hold both
     counts = x.sum(0)
-    aucs, tops, bases = [], [], []
-    for u in users:
-        ids = np.asarray(sets[u], np.int64)
-        is_real = np.isin(ids, own[u])
-        if is_real.all() or not is_real.any() or ids.size < 3:
-            continue
+
+    def scores_of(ids: np.ndarray) -> np.ndarray:  # each item's mean association with the set's other items
         together = pairs[np.ix_(ids, ids)] - 1.0  # the other sets only
         n = np.maximum(counts[ids] - 1.0, 1.0)
         assoc = (together * (len(users) - 1) / np.outer(n, n) if how == "lift"
                  else together / np.sqrt(np.outer(n, n)))
         np.fill_diagonal(assoc, 0.0)
-        scores = assoc.sum(1) / (ids.size - 1)
-        aucs.append(separation_auc(scores, is_real))
-        order = np.lexsort((ids, -scores))
-        tops.append(float(is_real[order[:top]].mean()))
-        bases.append(float(is_real.mean()))
-    return PopularityAttack(float(np.mean(aucs)), float(np.mean(tops)), float(np.mean(bases)), len(aucs))
+        return assoc.sum(1) / (ids.size - 1)
+
+    return _ranked_sets(sets, own, users, scores_of, top, min_size=3)
 
 
 def registration_popularity_attack(cfg: AppConfig) -> dict:
