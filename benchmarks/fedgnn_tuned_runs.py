@@ -1,6 +1,8 @@
-"""`fedgnn_tuned`'s headline runs, in-process, added to benchmarks/results/fedgnn_tuned.json.
+"""The headline runs of `fedgnn_tuned` and `fedgnn_features`, in-process, added to
+benchmarks/results/<preset>.json.
 
     python -m benchmarks.fedgnn_tuned_runs --data-dir DATA --dataset ml-100k [--seeds 0 1 2] [--set KEY=VALUE ...]
+    python -m benchmarks.fedgnn_tuned_runs --data-dir DATA --dataset ml-100k --preset fedgnn_features --seeds 0 1
 
 One run per seed of the preset as it is (its per-dataset schedule, popularity-matched pseudo items, the
 paper's LDP) through `fedrec_flwr.inprocess`: the round core and device code of `flwr run`, which gives the
@@ -25,22 +27,23 @@ from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.sweep import finished
 
-OUT = Path("benchmarks/results/fedgnn_tuned.json")
+PRESETS = ("fedgnn_tuned", "fedgnn_features")
 
 
-def run(dataset: str, seed: int, data_dir: str, extra: list[str]) -> dict:
-    """One in-process run of fedgnn_tuned: the record the results page reads."""
-    cfg = load_config("fedgnn_tuned", dataset, [f"data.data_dir={data_dir}", f"seed={seed}", *extra])
+def run(preset: str, dataset: str, seed: int, data_dir: str, extra: list[str]) -> dict:
+    """One in-process run of `preset`: the record the results page reads."""
+    cfg = load_config(preset, dataset, [f"data.data_dir={data_dir}", f"seed={seed}", *extra])
     torch.set_num_threads(1)
     started = time.time()
     out = run_in_process(cfg, log_every=0)
     evals = [h for h in out["history"] if "rmse" in h]
-    return {"dataset": dataset, "seed": seed, "privacy": cfg.privacy.ldp, "sampler": cfg.privacy.pseudo_sampler,
+    return {"preset": preset, "dataset": dataset, "seed": seed, "privacy": cfg.privacy.ldp, "sampler": cfg.privacy.pseudo_sampler,
             "extra": extra, "final": {"rmse": out["rmse"], "eval_ratings": out["eval_ratings"],
                                       "test_ratings": out["test_ratings"]},
             "rmse_by_round": {str(h["round"]): h["rmse"] for h in evals}, "budget": evals[-1]["privacy"],
             "median_round_seconds": out["median_round_seconds"], "wall_seconds": round(time.time() - started, 1),
             "command": f"python -m benchmarks.fedgnn_tuned_runs --data-dir DATA --dataset {dataset} --seeds {seed}"
+                       + (f" --preset {preset}" if preset != "fedgnn_tuned" else "")
                        + (" --set " + " ".join(extra) if extra else ""),
             "via": "in-process", "date": date.today().isoformat()}
 
@@ -52,20 +55,22 @@ def main() -> None:
     ap.add_argument("--dataset", required=True)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="further config overrides of every run")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--preset", choices=PRESETS, default="fedgnn_tuned")
+    ap.add_argument("--out", type=Path, help="default: benchmarks/results/<preset>.json")
     args = ap.parse_args()
-    doc = json.loads(args.out.read_text()) if args.out.is_file() else {"runs": []}
-    sampler = load_config("fedgnn_tuned", args.dataset, args.extra).privacy.pseudo_sampler
+    out = args.out or Path(f"benchmarks/results/{args.preset}.json")
+    doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
+    sampler = load_config(args.preset, args.dataset, args.extra).privacy.pseudo_sampler
     for seed in args.seeds:
         key = {"dataset": args.dataset, "seed": seed, "sampler": sampler, "extra": args.extra}
         if finished(doc, key):
             continue
         print(f"[fedgnn_tuned_runs] {args.dataset} seed {seed} ...", flush=True)
-        doc["runs"].append(run(args.dataset, seed, args.data_dir, args.extra))
+        doc["runs"].append(run(args.preset, args.dataset, seed, args.data_dir, args.extra))
         r = doc["runs"][-1]
         print(f"[fedgnn_tuned_runs] {args.dataset} seed {seed}: RMSE {r['final']['rmse']:.4f} ({r['wall_seconds']:.0f}s)",
               flush=True)
-        atomic_write(args.out, json.dumps(doc, indent=1))
+        atomic_write(out, json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

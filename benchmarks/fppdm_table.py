@@ -5,7 +5,8 @@
 
 Every (dataset, preset, seed) is one `fedrec run --preset P --dataset D` job (one
 SuperNode per domain). The script holds no training settings: each dataset's schedule and
-training settings live in conf/datasets/<dataset>.yaml (section `algorithms.fppdm`), which the
+training settings live in the dataset's settings files (conf/datasets/families/<family>.yaml, then
+conf/datasets/<dataset>.yaml; section `algorithms.fppdm`), which the
 config loader applies to all four presets alike, so rows differ only in the algorithm. Finished
 jobs are kept in the JSON and skipped on a rerun, so an interrupted sweep continues where it
 stopped. Writes benchmarks/results/fppdm_table.json and prints the markdown table (mean +- std
@@ -21,7 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from benchmarks.common import add_data_dir
-from fedrec_flwr.config import dataset_conf_path
+from fedrec_flwr.config import CONF_DIR, dataset_conf_paths
 from fedrec_flwr.sweep import load_sweep, run_missing
 
 PRESETS = ("single_domain", "fedavg_lightgcn", "fppdm", "fppdm_pp")
@@ -31,11 +32,12 @@ PAPER_K = {"douban-book-music": 5, "amazon-phone-elec": 10, "amazon-cloth-sport"
 
 
 def settings(dataset: str) -> dict:
-    """The settings conf/datasets/<dataset>.yaml gives every FPPDM preset (recorded in the JSON)."""
-    path = dataset_conf_path(dataset)
-    layer = OmegaConf.load(path) if path.is_file() else OmegaConf.create()
-    return {"file": f"conf/datasets/{dataset}.yaml",
-            **OmegaConf.to_container(layer.get("algorithms", {}).get("fppdm", {}) or OmegaConf.create())}
+    """The settings the dataset's files (its family's, then its own) give every FPPDM preset (recorded in the JSON)."""
+    paths = dataset_conf_paths(dataset)
+    merged = OmegaConf.create()
+    for path in paths:
+        merged = OmegaConf.merge(merged, OmegaConf.load(path).get("algorithms", {}).get("fppdm", {}) or {})
+    return {"file": ", ".join(str(p.relative_to(CONF_DIR.parent)) for p in paths), **OmegaConf.to_container(merged)}
 
 
 def command(dataset: str, preset: str, seed: int, data_dir: str) -> list[str]:

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedrec_flwr.algorithms import ALGORITHMS
+from fedrec_flwr.data.sources import dataset_family
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -439,9 +440,14 @@ def _preset_path(name: str) -> Path:
     return CONF_DIR / f"{name}.yaml"
 
 
-def dataset_conf_path(name: str) -> Path:
-    """conf/datasets/<name>.yaml, the per-dataset settings (optionally per algorithm) merged over a preset."""
-    return CONF_DIR / "datasets" / f"{name}.yaml"
+def dataset_conf_paths(name: str) -> list[Path]:
+    """The settings files of dataset `name` that exist, lowest first: its family's
+    conf/datasets/families/<family>.yaml (e.g. every `disencdr:<a>_<b>` pair), then its own
+    conf/datasets/<name>.yaml; each optionally per algorithm, merged over a preset."""
+    family = dataset_family(name)
+    paths = [CONF_DIR / "datasets" / "families" / f"{family}.yaml"] if family else []
+    paths.append(CONF_DIR / "datasets" / f"{name.replace(':', '_').replace('/', '_')}.yaml")
+    return [p for p in paths if p.is_file()]
 
 
 def preset_dataset_conf_path(preset: str, dataset: str) -> Path:
@@ -548,7 +554,8 @@ def config_layers(preset: str = "fedgnn_paper", dataset: str | None = None, over
                   extra: Mapping[str, Any] | None = None) -> list[Layer]:
     """Every layer a run's config is merged from, lowest first, each named by its file or source.
 
-    Later layers win: preset (after its `base:`) < conf/datasets/<dataset>.yaml (its top-level keys,
+    Later layers win: preset (after its `base:`) < conf/datasets/families/<family>.yaml, then
+    conf/datasets/<dataset>.yaml (each: its top-level keys,
     then its section for the preset's algorithm) < conf/<base>/<dataset>.yaml for each preset it inherits
     from, root first < conf/<preset>/<dataset>.yaml < overrides < `extra`, already-typed values (e.g. from
     Flower's run config). The dataclass defaults lie under all of them.
@@ -562,8 +569,7 @@ def config_layers(preset: str = "fedgnn_paper", dataset: str | None = None, over
         layers.append(("--dataset", OmegaConf.create({"data": {"name": dataset}})))
     dataset = dataset or merged.data.name  # no dataset given: the preset's own default
     if dataset:
-        shared = dataset_conf_path(dataset)
-        file_layers = _dataset_file_layers(shared, merged.algorithm) if shared.is_file() else []
+        file_layers = [layer for path in dataset_conf_paths(dataset) for layer in _dataset_file_layers(path, merged.algorithm)]
         for name in lineage:  # a preset inherits its bases' dataset settings, its own win
             path = preset_dataset_conf_path(name, dataset)
             if path.is_file():

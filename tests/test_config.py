@@ -148,9 +148,12 @@ def test_each_fppdm_section_is_typed_and_overridable():
     ("douban-book-music", 12, 4, 1, 2048, 0.003),
     ("amazon-phone-elec", 6, 2, 1, 8192, 0.01),
     ("amazon-cloth-sport", 6, 2, 1, 8192, 0.01),
+    ("disencdr:electronic_phone", 6, 2, 1, 8192, 0.01),  # a pair without a file of its own: its family's
+    ("disencdr:sport_cloth", 6, 2, 1, 8192, 0.01),
 ])
 def test_every_fppdm_preset_resolves_to_the_tables_settings_for_a_dataset(dataset, rounds, eval_every, epochs, batch, lr):
-    """conf/datasets/<dataset>.yaml `algorithms.fppdm`: what `fedrec run --preset P --dataset D` runs (no data read)."""
+    """The dataset's settings files' `algorithms.fppdm` (family, then its own): what `fedrec run --preset P --dataset D`
+    runs (no data read)."""
     for preset in ("single_domain", "fedavg_lightgcn", "fppdm", "fppdm_pp"):
         cfg = load_config(preset, dataset)
         t = cfg.fppdm.training

@@ -121,6 +121,18 @@ def dataset_names() -> list[str]:
     return sorted([*REGISTRY, *ALIASES, "synthetic", "synthetic-md2", "synthetic-md3", "disencdr:<a>_<b>"])
 
 
+def dataset_family(name: str) -> str | None:
+    """The family a dataset name belongs to ("disencdr" for every `disencdr:<a>_<b>` pair and its aliases,
+    "synthetic-md" for every `synthetic-md<K>`), whose settings file applies to all its members; None
+    for a dataset of its own."""
+    name = ALIASES.get(name, name)
+    if name.startswith("disencdr:"):
+        return "disencdr"
+    if name.startswith("synthetic-md"):
+        return "synthetic-md"
+    return None
+
+
 def get_spec(name: str) -> DatasetSpec:
     """The spec of a registered real dataset; DataError listing the known names otherwise."""
     name = ALIASES.get(name, name)
