@@ -36,15 +36,17 @@ from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
 PAPER = ["fppdm.training.batch_size=256", "fppdm.training.local_epochs=5"]
 
 
-def one_round(cfg, ds, steps_per_epoch: int = 0) -> dict:
+def one_round(cfg, ds, steps_per_epoch: int = 0, device: torch.device | None = None) -> dict:
     """Build every domain from the run seed and time round 1: each domain's training and upload, then the barycenter.
+
+    device: where every domain trains (default CPU); the upload's copy back to the host ends its timing.
 
     steps_per_epoch > 0 trains each epoch on steps_per_epoch batches of a fixed random sample of every
     domain's interactions (to time a slow configuration); round_seconds is then the full round extrapolated
     from the measured seconds per step (measured_round_seconds: what the shortened round took).
     """
     f = cfg.fppdm
-    trainers = [DomainTrainer(DomainData(dom), k, f.model, f.training, f.coclustering, cfg.seed)
+    trainers = [DomainTrainer(DomainData(dom), k, f.model, f.training, f.coclustering, cfg.seed, device)
                 for k, dom in enumerate(ds.domains)]
     full_steps = {tr.data.name: f.training.local_epochs * -(-tr.data.users.size // f.training.batch_size)
                   for tr in trainers}

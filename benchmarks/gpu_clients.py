@@ -1,12 +1,15 @@
 """Clients per second on CPU against GPU, driving the client and server code directly (no flwr, no ray).
 
-    python -m benchmarks.gpu_clients [--devices cpu cuda] [--users 2000] [--rounds 4]
+    python -m benchmarks.gpu_clients [--devices cpu cuda] [--users 2000] [--rounds 4] [--data-dir DATA]
 
 FedGNN: `fedrec_flwr.inprocess.run_in_process` (FedGNNUser + FedGNNServer, paper preset, privacy on)
 on synthetic data shaped like ML-10M (10,677 items, ~144 ratings per user), 128 users per
 round; clients/s = users trained per second of round time (median over rounds after the
 first). FPPDM: seconds per local epoch of one DomainTrainer on a synthetic domain (and the last
-epoch's loss, which must not depend on the device beyond float rounding).
+epoch's loss, which must not depend on the device beyond float rounding), and on the devices of
+`--fppdm-round-devices` (default: cuda) one FPPDM round at the paper's settings (batch 256, 5 local
+epochs; `benchmarks.fppdm_round_time.one_round`) on Amazon Phone-Elec where `--data-dir` holds it, else
+on a synthetic pair of about its size (3,325 users, 30,000 items per domain).
 Needs only torch, torch-geometric and the project's own pure-Python dependencies, so it runs
 on a GPU machine without flwr or ray. A device that is not present is reported as skipped.
 Writes benchmarks/results/gpu_clients.json.
@@ -24,7 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.fppdm_round_time import PAPER, one_round
 from fedrec_flwr.config import load_config
+from fedrec_flwr.data import load_multidomain
 from fedrec_flwr.data.synthetic import make_synthetic_multidomain
 from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
 from fedrec_flwr.fsutil import atomic_write
@@ -63,6 +68,21 @@ def fppdm_epoch_seconds(device: torch.device, users: int, items: int, epochs: in
     return {"epoch_s": float(np.median(times[1:])), "interactions": int(trainer.data.users.size), "loss": loss}
 
 
+def fppdm_paper_round(device: torch.device, data_dir: str, users: int, items: int) -> dict:
+    """Seconds of one FPPDM round at the paper's settings with every domain on `device`: Amazon Phone-Elec
+    when `data_dir` holds it, else a synthetic pair of `users` users and `items` items per domain."""
+    if (Path(data_dir) / "disencdr_amazon" / "phone_electronic" / "train.txt").is_file():
+        cfg = load_config("fppdm", "amazon-phone-elec", [f"data.data_dir={data_dir}", *PAPER])
+        ds, source = load_multidomain(cfg.data), "amazon-phone-elec"
+    else:
+        cfg = load_config("fppdm", "synthetic-md2", PAPER)
+        ds = make_synthetic_multidomain(seed=0, num_domains=2, num_users=users, items_per_domain=items, mean_degree=25.0)
+        source = f"synthetic pair, {users} users, {items} items per domain"
+    record = one_round(cfg, ds, device=device)
+    return {"data": source, "round_seconds": record["round_seconds"], "domain_seconds": record["domain_seconds"],
+            "steps": record["steps"], "train_loss": record["train_loss"]}
+
+
 def device_row(name: str, args: argparse.Namespace) -> dict:
     """FedGNN and FPPDM measured on device `name`, or {"skipped": why} when torch cannot see it."""
     if name == "cuda" and not torch.cuda.is_available():
@@ -70,6 +90,8 @@ def device_row(name: str, args: argparse.Namespace) -> dict:
     device = torch.device(name)
     row = {"fedgnn": fedgnn_clients_per_second(device, args.users, args.rounds, args.cache_dir, args.set),
            "fppdm": fppdm_epoch_seconds(device, args.fppdm_users, args.fppdm_items, args.fppdm_epochs)}
+    if name in args.fppdm_round_devices:
+        row["fppdm_paper_round"] = fppdm_paper_round(device, args.data_dir, args.fppdm_round_users, args.fppdm_round_items)
     if device.type == "cuda":
         row["gpu"] = torch.cuda.get_device_name(device)
     return row
@@ -93,6 +115,11 @@ def main() -> None:
     ap.add_argument("--fppdm-users", type=int, default=5000)
     ap.add_argument("--fppdm-items", type=int, default=3000)
     ap.add_argument("--fppdm-epochs", type=int, default=2)
+    ap.add_argument("--fppdm-round-devices", nargs="*", default=["cuda"],
+                    help="devices that also time one FPPDM round at the paper's settings (on CPU: minutes)")
+    ap.add_argument("--fppdm-round-users", type=int, default=3325, help="synthetic pair's users (without --data-dir data)")
+    ap.add_argument("--fppdm-round-items", type=int, default=30000, help="synthetic pair's items per domain")
+    ap.add_argument("--data-dir", default="data", help="folder holding the datasets (Amazon Phone-Elec, if there)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (a ClientApp gets one core)")
     ap.add_argument("--cache-dir", default=".cache/fedrec")
     ap.add_argument("--set", nargs="*", default=[])

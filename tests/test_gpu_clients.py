@@ -32,7 +32,8 @@ def devices(tmp_path_factory) -> dict:
     out = tmp / "gpu.json"
     cmd = [sys.executable, "-c", BLOCK, "gpu_clients", "--devices", "cpu", "cpu:0", "cuda", "--users", "24",
            "--rounds", "1", "--fppdm-users", "40", "--fppdm-items", "30", "--fppdm-epochs", "1",
-           "--cache-dir", str(tmp / "cache"), "--out", str(out), "--set", *SMALL_FEDGNN]
+           "--fppdm-round-devices", "cpu", "--fppdm-round-users", "30", "--fppdm-round-items", "40",
+           "--data-dir", str(tmp / "no-data"), "--cache-dir", str(tmp / "cache"), "--out", str(out), "--set", *SMALL_FEDGNN]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -43,6 +44,10 @@ def test_gpu_benchmark_runs_with_flwr_and_ray_unimportable(devices):
     cpu = devices["cpu"]
     assert cpu["fedgnn"]["clients_per_second"] > 0 and 0 < cpu["fedgnn"]["rmse"] < 4
     assert cpu["fppdm"]["epoch_s"] > 0 and cpu["fppdm"]["loss"] > 0 and cpu["fppdm"]["interactions"] > 0
+    paper = cpu["fppdm_paper_round"]  # the paper-settings round, on a synthetic pair where no data is given
+    assert paper["data"].startswith("synthetic pair") and paper["round_seconds"] > 0
+    assert sorted(paper["steps"]) == ["domain0", "domain1"] and all(v > 0 for v in paper["train_loss"].values())
+    assert "fppdm_paper_round" not in devices["cpu:0"]  # only the devices asked for
 
 
 def test_the_benchmark_measures_the_same_numbers_twice(devices):
