@@ -94,6 +94,11 @@ class DataConfig:
     # public item metadata as a FedGNN model input (ML-100K: u.item genres; synthetic: planted
     # genres). Not in the paper's model; a shared F x d weight maps it into item rows' space
     item_features: bool = False
+    # which ratings a run is scored on: "test" (the split's test set), or "validation": a per-user
+    # validation_fraction of the training ratings, held out of training (data.holdout), for choosing a
+    # schedule without reading the test set (FedGNN and the centralized reference; rating datasets only)
+    holdout: str = "test"
+    validation_fraction: float = ranged(0.1, Range(0, 1, open_low=True, open_high=True, text="0 < fraction < 1"))
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -408,6 +413,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "algorithm": tuple(ALGORITHMS),
     "model.gnn": ("gat", "gcn", "ggnn"),
     "model.user_offset_init": ("zero", "mean"),
+    "data.holdout": ("test", "validation"),
     "merge.items": ("clients", "count"),
     "local.loss": ("mean", "sum"),
     "local.upload": ("gradient", "delta"),

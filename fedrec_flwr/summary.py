@@ -151,15 +151,20 @@ def summarize(path: str) -> str:
     if doc.get("rounds_not_applied"):
         lines.append(f"  {doc['rounds_not_applied']} of {len(rounds)} training rounds were not applied "
                      "(fewer than min_clients accepted uploads)")
+    data_cfg = doc.get("config", {}).get("data", {}) if isinstance(doc.get("config"), dict) else {}
+    held = "validation" if isinstance(data_cfg, dict) and data_cfg.get("holdout") == "validation" else "test"
+    if held == "validation":
+        lines.append(f"  scored on the validation holdout ({data_cfg.get('validation_fraction')} of each user's training "
+                     "ratings, data.holdout=validation), not on the test ratings")
     scored, total = doc["final"].get("eval_ratings"), doc["final"].get("test_ratings")
     if scored is not None and total is not None:
-        lines.append(f"  test ratings scored: {scored:,} of the split's {total:,}")
+        lines.append(f"  {held} ratings scored: {scored:,} of the split's {total:,}")
     baselines = doc.get("baselines")
     rmse = doc["final"].get("rmse")
     if baselines:
         on = doc.get("baseline_ratings")
-        lines.append("  test RMSE of centralized baselines (no federation, no privacy) on "
-                     + (f"the same {on:,} test ratings:" if on is not None else "the same split:"))
+        lines.append(f"  {held} RMSE of centralized baselines (no federation, no privacy) on "
+                     + (f"the same {on:,} {held} ratings:" if on is not None else "the same split:"))
         lines += [f"    {_BASELINE_NAMES.get(k, k):32s} {v:.4f}" for k, v in baselines.items()]
         if rmse is not None:
             best = best_trivial(baselines)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..fsutil import writable_folder, writing_into
 from .download import sha256_of
+from .holdout import validation_split
 from .node_files import load_catalogue
 from .partition import UserData, UserPartitions, discard, fingerprint, write_partitions
 from .sources import AnyDataset, dataset_names, get_spec, load_dataset, resolve_root
@@ -32,11 +33,17 @@ __all__ = [
 
 
 def load_from_config(data_cfg) -> AnyDataset:
-    """Load the dataset a DataConfig names."""
-    return load_dataset(
+    """Load the dataset a DataConfig names, with its validation holdout when `data.holdout=validation`."""
+    ds = load_dataset(
         data_cfg.name, data_cfg.data_dir, data_cfg.cache_dir, data_cfg.download, data_cfg.seed,
         asdict(data_cfg.synthetic), data_cfg.item_features,
     )
+    if data_cfg.holdout == "test":
+        return ds
+    if not isinstance(ds, RatingDataset):
+        raise DataError(f"data.holdout = {data_cfg.holdout!r}: dataset '{data_cfg.name}' is multi-domain; a validation "
+                        "holdout is carved from explicit ratings (FedGNN, centralized); expected data.holdout=test")
+    return validation_split(ds, data_cfg.validation_fraction, data_cfg.seed)
 
 
 def load_multidomain(data_cfg) -> MultiDomainDataset:
@@ -49,6 +56,8 @@ def load_multidomain(data_cfg) -> MultiDomainDataset:
 
 def _build_key(data_cfg) -> dict:
     features = {"item_features": True} if data_cfg.item_features else {}  # keeps the keys of caches built before the option
+    if data_cfg.holdout != "test":  # likewise: a test-holdout cache keeps its key
+        features.update(holdout=data_cfg.holdout, validation_fraction=data_cfg.validation_fraction)
     if data_cfg.name.startswith("synthetic"):
         return {"name": data_cfg.name, "seed": data_cfg.seed, "synthetic": asdict(data_cfg.synthetic), **features}
     spec = get_spec(data_cfg.name)
@@ -85,8 +94,8 @@ def prepare_partitions(data_cfg) -> Path:
         raise DataError(f"dataset '{data_cfg.name}' is multi-domain; per-user rating partitions need a rating dataset")
     with writing_into(directory.parent, "cache folder", f"building the partitions of {data_cfg.name}"):
         write_partitions(ds, directory, key)
-    log.info("partitions of %s ready: %d users, %d items, %d train / %d test ratings (%.1fs)",
-             ds.name, ds.num_users, ds.num_items, len(ds.train), len(ds.test), time.time() - t0)
+    log.info("partitions of %s ready: %d users, %d items, %d train / %d %s ratings (%.1fs)",
+             ds.name, ds.num_users, ds.num_items, len(ds.train), len(ds.test), data_cfg.holdout, time.time() - t0)
     return directory
 
 
