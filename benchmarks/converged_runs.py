@@ -2,11 +2,13 @@
 
     python -m benchmarks.converged_runs --data-dir DATA --dataset ml-100k --max-rounds 800
     python -m benchmarks.converged_runs --data-dir DATA --dataset douban --max-rounds 400
+    python -m benchmarks.converged_runs --plot benchmarks/results/converged-*.json
+    python -m benchmarks.converged_runs --table benchmarks/results/converged-*.json
 
 1. Validation: one run of the preset (seed `--validation-seed`) with `data.holdout=validation` (a per-user
    10% of the training ratings held out of training, `fedrec_flwr.data.holdout`), `--max-rounds` long, its
    RMSE on the held-out ratings every `--eval-every` rounds. The test ratings are not read.
-2. The number of rounds R: the first evaluation at which the best validation RMSE so far improved by
+2. The number of rounds R: the first evaluation at which the validation RMSE's 5-evaluation trailing mean fell by
    less than 0.001 over the last 10% of the rounds (`fedrec_flwr.convergence.rounds_to_flatten`); the
    whole run if it never flattened (then the record says so).
 3. Test: one run per seed on the full training ratings, R rounds, scored on every test rating; its
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from datetime import date
 from pathlib import Path
@@ -29,7 +32,7 @@ import torch
 
 from benchmarks.common import add_data_dir
 from fedrec_flwr.config import load_config
-from fedrec_flwr.convergence import FLATTEN_TOLERANCE, FLATTEN_WINDOW, rounds_to_flatten
+from fedrec_flwr.convergence import FLATTEN_SMOOTHING, FLATTEN_TOLERANCE, FLATTEN_WINDOW, rounds_to_flatten
 from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.sweep import finished
@@ -50,21 +53,88 @@ def one_run(preset: str, dataset: str, seed: int, data_dir: str, overrides: list
             "date": date.today().isoformat()}
 
 
+def plot(files: list[Path], path: Path) -> None:
+    """One panel per dataset: the validation curve, each seed's test curve, the chosen round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    docs = [json.loads(f.read_text()) for f in files]
+    fig, axes = plt.subplots(1, len(docs), figsize=(5.5 * len(docs), 4), squeeze=False)
+    for ax, doc in zip(axes[0], docs):
+        for r in doc["runs"]:
+            pts = sorted((int(k), v) for k, v in r["rmse_by_round"].items())
+            style = {"ls": "--", "color": "black", "label": f"validation (seed {r['seed']})"} if r["holdout"] == "validation" \
+                else {"label": f"test, seed {r['seed']}"}
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=2, **style)
+        if "chosen_rounds" in doc:
+            ax.axvline(doc["chosen_rounds"], color="grey", lw=0.8)
+        ax.set_title(f"{doc['preset']} on {doc['dataset']}: rounds chosen on validation")
+        ax.set_xlabel("training round")
+        ax.set_ylabel("RMSE")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def table(files: list[Path]) -> str:
+    """Markdown: per dataset, the validation curve and each seed's test curve at up to 8 rounds, the chosen
+    round, and the test runs' mean +- std with the median user's accounted budget."""
+    lines = []
+    for doc in (json.loads(f.read_text()) for f in files):
+        chosen = doc.get("chosen_rounds")
+        val = [r for r in doc["runs"] if r["holdout"] == "validation"]
+        tests = sorted((r for r in doc["runs"] if r["holdout"] == "test" and r["rounds"] == chosen), key=lambda r: r["seed"])
+        longest = max(int(k) for r in doc["runs"] for k in r["rmse_by_round"])
+        step = -(-longest // 8 // 20) * 20  # at most about 8 columns, on the evaluation grid, the chosen round among them
+        cols = sorted({*range(longest, 0, -step), *([chosen] if chosen else [])})
+        lines += [f"| {doc['dataset']} | " + " | ".join(f"@{c}" for c in cols) + " | wall (s) |",
+                  "|---|" + "---|" * (len(cols) + 1)]
+        for r in val + tests:
+            cells = [r["rmse_by_round"].get(str(c)) for c in cols]
+            label = f"validation, seed {r['seed']}" if r["holdout"] == "validation" else f"test, seed {r['seed']}"
+            lines.append(f"| {label} | " + " | ".join("" if v is None else f"{v:.4f}" for v in cells)
+                         + f" | {r['wall_seconds']:.0f} |")
+        if tests:
+            finals = [r["final"]["rmse"] for r in tests]
+            spread = statistics.stdev(finals) if len(finals) > 1 else 0.0
+            median = tests[0]["budget"]["per_user_run"]["median"]
+            lines.append(f"\nChosen: {chosen} rounds; test RMSE {statistics.mean(finals):.4f} ± {spread:.4f} "
+                         f"({len(finals)} seeds: {', '.join(f'{v:.4f}' for v in finals)}); the median user of seed "
+                         f"{tests[0]['seed']} spent {median['tight']:.3g} over its {median['uploads']} uploads (RDP, δ = 1e-5).\n")
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Run whichever phase is not in the results file yet."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_dir(ap)
-    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--dataset")
     ap.add_argument("--preset", default="fedgnn_tuned")
-    ap.add_argument("--max-rounds", type=int, required=True, help="length of the validation run")
+    ap.add_argument("--max-rounds", type=int, help="length of the validation run")
     ap.add_argument("--eval-every", type=int, default=20)
     ap.add_argument("--validation-seed", type=int, default=0)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the test runs")
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="further config overrides of every run")
+    ap.add_argument("--plot", type=Path, nargs="+", metavar="JSON",
+                    help="only draw these results files into benchmarks/results/converged_rmse.png")
+    ap.add_argument("--table", type=Path, nargs="+", metavar="JSON", help="only print these results files as markdown")
     args = ap.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
+    if args.plot:
+        plot(args.plot, Path("benchmarks/results/converged_rmse.png"))
+        return
+    if not args.dataset or not args.max_rounds or args.max_rounds < 2 * args.eval_every:
+        ap.error("--dataset and --max-rounds (at least two evaluation intervals) are needed, unless --plot")
     out = Path(f"benchmarks/results/converged-{args.preset}-{args.dataset}.json")
     doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
-    doc.update(preset=args.preset, dataset=args.dataset, rule={"tolerance": FLATTEN_TOLERANCE, "window": FLATTEN_WINDOW},
+    doc.update(preset=args.preset, dataset=args.dataset, rule={"tolerance": FLATTEN_TOLERANCE, "window": FLATTEN_WINDOW,
+                                                           "smoothing": FLATTEN_SMOOTHING},
                command=f"python -m benchmarks.converged_runs --data-dir DATA --dataset {args.dataset} --max-rounds "
                        f"{args.max_rounds}" + (f" --preset {args.preset}" if args.preset != "fedgnn_tuned" else "")
                        + (" --set " + " ".join(args.extra) if args.extra else ""))

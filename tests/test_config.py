@@ -124,8 +124,8 @@ def test_a_broken_preset_chain_is_named(tmp_path, monkeypatch):
 def test_a_preset_can_carry_settings_for_one_dataset():
     """conf/<preset>/<dataset>.yaml applies to that preset on that dataset only, under the overrides."""
     douban = load_config("fedgnn_tuned", "douban")
-    assert (douban.federation.rounds, douban.local.user_steps, douban.server_opt.lr_decay) == (200, 5, 0.99)
-    assert load_config("fedgnn_tuned", "ml-100k").federation.rounds == 300
+    assert (douban.federation.rounds, douban.local.user_steps, douban.server_opt.lr_decay) == (300, 5, 0.99)
+    assert load_config("fedgnn_tuned", "ml-100k").federation.rounds == 700
     assert load_config("fedgnn_paper", "douban").federation.rounds == load_config("fedgnn_paper", "ml-100k").federation.rounds
     assert load_config("fedgnn_tuned", "douban", ["federation.rounds=7"]).federation.rounds == 7
 

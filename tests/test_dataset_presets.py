@@ -150,12 +150,13 @@ def test_every_fedgnn_dataset_resolves_to_its_own_settings():
 
 
 def test_the_settings_follow_the_stated_reasoning():
-    """What each file's comments promise: every rating in every upload, a rate that decays to 0.1-0.25 of its
-    start over the schedule, each user sampled at least a few times, and at most about 1,000 SuperNodes."""
+    """What each file's comments promise: every rating in every upload, a rate that decays to 0.02-0.25 of its
+    start over the schedule (ML-100K 0.03 and Douban 0.05, whose lengths were chosen on a validation holdout;
+    about 0.13 on the others), each user sampled at least a few times, and at most about 1,000 SuperNodes."""
     for name, (users, items, most_ratings) in SIZES.items():
         cfg = load_config("fedgnn_tuned", name)
         assert cfg.local.batch_size >= min(most_ratings, items), name
-        assert 0.1 <= cfg.server_opt.lr_decay ** cfg.federation.rounds <= 0.25, name
+        assert 0.02 <= cfg.server_opt.lr_decay ** cfg.federation.rounds <= 0.25, name
         assert cfg.federation.rounds * cfg.federation.clients_per_round / users >= 3, name
         assert math.ceil(users / cfg.simulation.users_per_node) <= 1000, name
         assert cfg.federation.rounds // cfg.federation.eval_every >= 10, name

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from fedrec_flwr.config import ConfigError, load_config
+from fedrec_flwr.convergence import rounds_to_flatten
 from fedrec_flwr.data import DataError, UserPartitions, load_from_config, prepare_partitions
 from fedrec_flwr.data.holdout import validation_split
 from fedrec_flwr.inprocess import run_in_process
@@ -67,3 +68,19 @@ def test_bad_holdout_settings_get_one_clear_line(tmp_path):
     cfg = load_config("fppdm", "synthetic-md2", [f"data.cache_dir={tmp_path}", "data.holdout=validation"])
     with pytest.raises(DataError, match="multi-domain"):
         load_from_config(cfg.data)
+
+
+def test_the_flatten_rule_waits_out_evaluation_noise_and_stops_on_the_plateau():
+    """A curve that falls 0.001 per 20 rounds until round 700 and is flat after, with +-0.001 evaluation
+    noise: the rule picks a round on the plateau for every noise draw, where a rule on single evaluations
+    (smoothing 1) stops far too early on every one; a curve still falling is never called flat."""
+    rounds = range(20, 1001, 20)
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        noisy = {r: 1.0 - 0.00005 * min(r, 700) + rng.uniform(-0.001, 0.001) for r in rounds}
+        chosen, flat = rounds_to_flatten(noisy)
+        assert flat and 700 <= chosen <= 900, (seed, chosen)
+        assert rounds_to_flatten(noisy, smoothing=1)[0] < 700
+    assert rounds_to_flatten({r: 1.0 - 0.0002 * r for r in rounds}) == (1000, False)
+    with pytest.raises(ValueError, match="evaluations"):
+        rounds_to_flatten({20: 1.0, 40: 0.9})
