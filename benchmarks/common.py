@@ -1,4 +1,5 @@
-"""What the measurement scripts share: the datasets folder argument, one `fedrec run` call, a Markdown table.
+"""What the measurement scripts share: the datasets folder argument, one `fedrec run` call, one in-process
+FedGNN run's record, a Markdown table.
 
 `--data-dir` defaults to `data` (relative to the folder a script runs from), the same default as
 `fedrec run`: put the datasets there, laid out as docs/datasets.md says, or pass the folder.
@@ -7,6 +8,8 @@
 from __future__ import annotations
 
 import argparse
+import time
+from datetime import date
 from typing import Sequence
 
 from fedrec_flwr.sweep import fedrec_run as fedrec_run  # one `fedrec run` call in this process (re-exported)
@@ -27,3 +30,21 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def in_process_record(cfg, log_every: int = 0) -> dict:
+    """One FedGNN run of `cfg` in this process on one torch thread (`fedrec_flwr.inprocess`: the round core and
+    device code of `flwr run`): its final metrics, RMSE curve, accounted budget at the end, and times."""
+    import torch
+
+    from fedrec_flwr.inprocess import run_in_process
+
+    torch.set_num_threads(1)
+    started = time.time()
+    out = run_in_process(cfg, log_every=log_every)
+    evals = [h for h in out["history"] if "rmse" in h]
+    return {"sampler": cfg.privacy.pseudo_sampler,
+            "final": {"rmse": out["rmse"], "eval_ratings": out["eval_ratings"], "test_ratings": out["test_ratings"]},
+            "rmse_by_round": {str(h["round"]): h["rmse"] for h in evals}, "budget": evals[-1]["privacy"],
+            "median_round_seconds": out["median_round_seconds"], "wall_seconds": round(time.time() - started, 1),
+            "date": date.today().isoformat()}

@@ -24,33 +24,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from datetime import date
 from pathlib import Path
 
-import torch
-
-from benchmarks.common import add_data_dir
+from benchmarks.common import add_data_dir, in_process_record
 from fedrec_flwr.config import load_config
 from fedrec_flwr.convergence import FLATTEN_SMOOTHING, FLATTEN_TOLERANCE, FLATTEN_WINDOW, rounds_to_flatten
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.sweep import finished
 
 
 def one_run(preset: str, dataset: str, seed: int, data_dir: str, overrides: list[str]) -> dict:
     """One in-process run; its curve, final metrics, budget and time."""
     cfg = load_config(preset, dataset, [f"data.data_dir={data_dir}", f"seed={seed}", *overrides])
-    torch.set_num_threads(1)
-    started = time.time()
-    out = run_in_process(cfg, log_every=1)
-    evals = [h for h in out["history"] if "rmse" in h]
-    return {"seed": seed, "holdout": cfg.data.holdout, "rounds": cfg.federation.rounds,
-            "sampler": cfg.privacy.pseudo_sampler, "overrides": overrides,
-            "final": {"rmse": out["rmse"], "eval_ratings": out["eval_ratings"], "test_ratings": out["test_ratings"]},
-            "rmse_by_round": {str(h["round"]): h["rmse"] for h in evals}, "budget": evals[-1]["privacy"],
-            "median_round_seconds": out["median_round_seconds"], "wall_seconds": round(time.time() - started, 1),
-            "date": date.today().isoformat()}
+    return {"seed": seed, "holdout": cfg.data.holdout, "rounds": cfg.federation.rounds, "overrides": overrides,
+            **in_process_record(cfg, log_every=1)}
 
 
 def plot(files: list[Path], path: Path) -> None:
@@ -119,19 +106,20 @@ def main() -> None:
     ap.add_argument("--validation-seed", type=int, default=0)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the test runs")
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="further config overrides of every run")
+    ap.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--plot", type=Path, nargs="+", metavar="JSON",
-                    help="only draw these results files into benchmarks/results/converged_rmse.png")
+                    help="only draw these results files into OUT_DIR/converged_rmse.png")
     ap.add_argument("--table", type=Path, nargs="+", metavar="JSON", help="only print these results files as markdown")
     args = ap.parse_args()
     if args.table:
         print(table(args.table))
         return
     if args.plot:
-        plot(args.plot, Path("benchmarks/results/converged_rmse.png"))
+        plot(args.plot, args.out_dir / "converged_rmse.png")
         return
     if not args.dataset or not args.max_rounds or args.max_rounds < 2 * args.eval_every:
         ap.error("--dataset and --max-rounds (at least two evaluation intervals) are needed, unless --plot")
-    out = Path(f"benchmarks/results/converged-{args.preset}-{args.dataset}.json")
+    out = args.out_dir / f"converged-{args.preset}-{args.dataset}.json"
     doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     doc.update(preset=args.preset, dataset=args.dataset, rule={"tolerance": FLATTEN_TOLERANCE, "window": FLATTEN_WINDOW,
                                                            "smoothing": FLATTEN_SMOOTHING},

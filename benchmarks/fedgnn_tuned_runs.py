@@ -15,16 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from datetime import date
 from pathlib import Path
 
-import torch
-
-from benchmarks.common import add_data_dir
+from benchmarks.common import add_data_dir, in_process_record
 from fedrec_flwr.config import load_config
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.sweep import finished
 
 PRESETS = ("fedgnn_tuned", "fedgnn_features")
@@ -33,19 +28,12 @@ PRESETS = ("fedgnn_tuned", "fedgnn_features")
 def run(preset: str, dataset: str, seed: int, data_dir: str, extra: list[str]) -> dict:
     """One in-process run of `preset`: the record the results page reads."""
     cfg = load_config(preset, dataset, [f"data.data_dir={data_dir}", f"seed={seed}", *extra])
-    torch.set_num_threads(1)
-    started = time.time()
-    out = run_in_process(cfg, log_every=0)
-    evals = [h for h in out["history"] if "rmse" in h]
-    return {"preset": preset, "dataset": dataset, "seed": seed, "privacy": cfg.privacy.ldp, "sampler": cfg.privacy.pseudo_sampler,
-            "extra": extra, "final": {"rmse": out["rmse"], "eval_ratings": out["eval_ratings"],
-                                      "test_ratings": out["test_ratings"]},
-            "rmse_by_round": {str(h["round"]): h["rmse"] for h in evals}, "budget": evals[-1]["privacy"],
-            "median_round_seconds": out["median_round_seconds"], "wall_seconds": round(time.time() - started, 1),
+    return {"preset": preset, "dataset": dataset, "seed": seed, "privacy": cfg.privacy.ldp, "extra": extra,
+            **in_process_record(cfg),
             "command": f"python -m benchmarks.fedgnn_tuned_runs --data-dir DATA --dataset {dataset} --seeds {seed}"
                        + (f" --preset {preset}" if preset != "fedgnn_tuned" else "")
                        + (" --set " + " ".join(extra) if extra else ""),
-            "via": "in-process", "date": date.today().isoformat()}
+            "via": "in-process"}
 
 
 def main() -> None:
