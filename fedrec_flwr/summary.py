@@ -151,8 +151,9 @@ def summarize(path: str) -> str:
     if doc.get("rounds_not_applied"):
         lines.append(f"  {doc['rounds_not_applied']} of {len(rounds)} training rounds were not applied "
                      "(fewer than min_clients accepted uploads)")
-    data_cfg = doc.get("config", {}).get("data", {}) if isinstance(doc.get("config"), dict) else {}
-    held = "validation" if isinstance(data_cfg, dict) and data_cfg.get("holdout") == "validation" else "test"
+    config = doc.get("config") if isinstance(doc.get("config"), dict) else {}
+    data_cfg = config.get("data") if isinstance(config.get("data"), dict) else {}
+    held = "validation" if data_cfg.get("holdout") == "validation" else "test"  # which ratings were scored
     if held == "validation":
         lines.append(f"  scored on the validation holdout ({data_cfg.get('validation_fraction')} of each user's training "
                      "ratings, data.holdout=validation), not on the test ratings")

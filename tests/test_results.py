@@ -128,3 +128,14 @@ def test_an_fppdm_round_that_evaluates_prints_one_line(tmp_path, capsys):
     assert [line.split()[1] for line in lines] == ["round=1", "round=2", "round=3", "FINAL"]
     assert ["hr@10=0.5000" in line and "phase=train" in line for line in lines[:3]] == [False, True, True]
     assert len(json.loads((tmp_path / "results.json").read_text())["rounds"]) == 3
+
+
+def test_summary_says_when_a_run_was_scored_on_the_validation_holdout(tmp_path):
+    """A run with data.holdout=validation is not presented as a test result."""
+    rec = RunRecorder(tmp_path, "fedgnn", "synthetic", {"data": {"holdout": "validation", "validation_fraction": 0.1}})
+    rec.set_baselines({"global_mean": 1.0, "user_mean": 0.99, "item_mean": 0.97, "bias": 0.93})
+    rec.finish({"rmse": 0.9, "eval_ratings": 50, "test_ratings": 50})
+    text = summarize(str(tmp_path))
+    assert "scored on the validation holdout (0.1 of each user's training ratings" in text
+    assert "validation ratings scored: 50 of the split's 50" in text and "test ratings scored" not in text
+    assert "validation RMSE of centralized baselines" in text

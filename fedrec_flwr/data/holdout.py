@@ -6,7 +6,7 @@ takes the test set's place everywhere (partitions, registration counts, evaluati
 test ratings are not read by that run at all, so a number of rounds chosen on its curve has never seen
 them. The final figures come from a second run on the full training ratings (`data.holdout=test`).
 
-How it is carved, per user (so that light users are in the validation set as often as heavy ones):
+How it is carved, per user (so that every user is held out in proportion to its ratings, light ones too):
 k_u = floor(f * n_u + U_u) of its n_u training ratings, U_u uniform on [0, 1) (randomised rounding, so
 E[k_u] = f * n_u exactly), never all of them (a user keeps at least one training rating); which ones
 is a uniform draw. Seeded by `data.seed` alone: every run seed of a dataset sees the same split.
@@ -19,8 +19,6 @@ from dataclasses import replace
 import numpy as np
 
 from .types import DataError, RatingDataset, Ratings
-
-HOLDOUTS = ("test", "validation")
 
 
 def validation_split(ds: RatingDataset, fraction: float, seed: int) -> RatingDataset:
