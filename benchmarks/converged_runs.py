@@ -30,7 +30,6 @@ from benchmarks.common import add_data_dir, in_process_record
 from fedrec_flwr.config import load_config
 from fedrec_flwr.convergence import FLATTEN_SMOOTHING, FLATTEN_TOLERANCE, FLATTEN_WINDOW, rounds_to_flatten
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.sweep import finished
 
 
 def one_run(preset: str, dataset: str, seed: int, data_dir: str, overrides: list[str]) -> dict:
@@ -117,8 +116,9 @@ def main() -> None:
     if args.plot:
         plot(args.plot, args.out_dir / "converged_rmse.png")
         return
-    if not args.dataset or not args.max_rounds or args.max_rounds < 2 * args.eval_every:
-        ap.error("--dataset and --max-rounds (at least two evaluation intervals) are needed, unless --plot")
+    if not args.dataset or not args.max_rounds or args.max_rounds < (FLATTEN_SMOOTHING + 2) * args.eval_every:
+        ap.error(f"--dataset and --max-rounds (at least {FLATTEN_SMOOTHING + 2} evaluation intervals, what the flatten "
+                 "rule reads) are needed, unless --plot or --table")
     out = args.out_dir / f"converged-{args.preset}-{args.dataset}.json"
     doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     doc.update(preset=args.preset, dataset=args.dataset, rule={"tolerance": FLATTEN_TOLERANCE, "window": FLATTEN_WINDOW,
@@ -129,10 +129,9 @@ def main() -> None:
     schedule = [f"federation.eval_every={args.eval_every}", *args.extra]
 
     def run_once(seed: int, overrides: list[str]) -> dict:
-        key = {"seed": seed, "overrides": overrides}
-        done = [r for r in doc["runs"] if finished({"runs": [r]}, key)]
-        if done:
-            return done[0]
+        done = next((r for r in doc["runs"] if r["seed"] == seed and r["overrides"] == overrides), None)
+        if done is not None:
+            return done
         print(f"[converged_runs] {args.dataset} seed {seed}: {' '.join(overrides)}", flush=True)
         record = one_run(args.preset, args.dataset, seed, args.data_dir, overrides)
         if out.is_file():  # another process may have added a seed meanwhile (`--seeds` split over two cores)
