@@ -32,18 +32,27 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
     return "\n".join(lines)
 
 
-def in_process_record(cfg, log_every: int = 0) -> dict:
+def in_process_record(cfg, log_every: int = 0, probe=None) -> dict:
     """One FedGNN run of `cfg` in this process on one torch thread (`fedrec_flwr.inprocess`: the round core and
-    device code of `flwr run`): its final metrics, RMSE curve, accounted budget at the end, and times."""
+    device code of `flwr run`): its final metrics, RMSE curve, accounted budget at the end, and times. With a
+    `probe` (see run_in_process), each number it returns is kept per evaluated round too, under `probes`."""
     import torch
 
     from fedrec_flwr.inprocess import run_in_process
 
     torch.set_num_threads(1)
+    keys: set[str] = set()
+
+    def recording(server, rmse, device_user) -> dict:
+        found = probe(server, rmse, device_user)
+        keys.update(found)
+        return found
+
     started = time.time()
-    out = run_in_process(cfg, log_every=log_every)
+    out = run_in_process(cfg, log_every=log_every, probe=None if probe is None else recording)
     evals = [h for h in out["history"] if "rmse" in h]
-    return {"sampler": cfg.privacy.pseudo_sampler,
+    extra = {"probes": {k: {str(h["round"]): h[k] for h in evals if k in h} for k in sorted(keys)}} if keys else {}
+    return {**extra, "sampler": cfg.privacy.pseudo_sampler,
             "final": {"rmse": out["rmse"], "eval_ratings": out["eval_ratings"], "test_ratings": out["test_ratings"]},
             "rmse_by_round": {str(h["round"]): h["rmse"] for h in evals}, "budget": evals[-1]["privacy"],
             "median_round_seconds": out["median_round_seconds"], "wall_seconds": round(time.time() - started, 1),

@@ -1,21 +1,18 @@
 """FedGNN graph expansion: GNN type x expansion mode x seed, privacy on, through `flwr run`.
 
     python -m benchmarks.expansion_table --data-dir ../shared/data --datasets ml-100k douban --seeds 0 1 2
-    python -m benchmarks.expansion_table --protocol converged --data-dir ../shared/data --gnns ggnn --seeds 0
     python -m benchmarks.expansion_table --protocol tuned --data-dir ../shared/data --gnns ggnn --seeds 0
 
 Every (dataset, gnn, mode, seed) cell is one `fedrec run` job with the paper's
 privacy settings (M = 1000, delta 0.1, lambda 0.2, 128 users per round) and the same protocol
 settings for every cell of a dataset, so rows differ only in the GNN and the expansion mode.
-Three protocols: `short` (40 rounds of the paper preset with tuned server settings, `SETTINGS`),
-`tuned` (the `fedgnn_tuned` preset on its first schedule, pinned: 300 rounds on ML-100K, 200 on Douban)
-and `converged` (the `fedgnn_tuned` preset as it stands, with its length chosen on a validation
-holdout: 700 rounds on ML-100K, 300 on Douban); the last two evaluate every 20 rounds so each cell's
-curve is recorded. Finished cells are kept in the JSON and skipped on a rerun, so an interrupted sweep
-continues where it stopped. Writes benchmarks/results/expansion_table.json (short),
-expansion_converged.json (tuned: its cells predate the validation-chosen length) or
-expansion_at_convergence.json (converged), and prints the markdown table (mean +- std of the final RMSE
-over seeds).
+Two protocols: `short` (40 rounds of the paper preset with tuned server settings, `SETTINGS`) and
+`tuned` (the `fedgnn_tuned` preset on its first schedule, pinned: 300 rounds on ML-100K, 200 on Douban),
+which evaluates every 20 rounds so each cell's curve is recorded. Finished cells are kept in the JSON and
+skipped on a rerun, so an interrupted sweep continues where it stopped. Writes
+benchmarks/results/expansion_table.json (short) or expansion_converged.json (tuned: its cells predate
+the validation-chosen length), and prints the markdown table (mean +- std of the final RMSE over seeds).
+Expansion at the validation-chosen length, with its probes, is `benchmarks.expansion_probes` (in-process).
 """
 
 from __future__ import annotations
@@ -43,16 +40,14 @@ SETTINGS = {
 }
 
 
-# The converged protocol is the tuned preset as it stands (its rounds, schedule and per-dataset
-# files); `fixed` expands after the default T = 2 epochs (ML-100K round 15, Douban round 47). The tuned
-# protocol pins the preset's first lengths, those of the cells recorded before the lengths were chosen.
-CONVERGED = {dataset: ["simulation.users_per_node=8"] for dataset in SETTINGS}
+# The tuned protocol is the tuned preset (its schedule and per-dataset files) at its first lengths, those of
+# the cells recorded before the lengths were chosen on validation; `fixed` expands after the default T = 2
+# epochs (ML-100K round 15, Douban round 47).
 FIRST_LENGTHS = {"ml-100k": 300, "douban": 200}
-TUNED = {dataset: [*CONVERGED[dataset], f"federation.rounds={FIRST_LENGTHS[dataset]}"] for dataset in SETTINGS}
+TUNED = {dataset: ["simulation.users_per_node=8", f"federation.rounds={FIRST_LENGTHS[dataset]}"] for dataset in SETTINGS}
 PROTOCOLS = {
     "short": ("fedgnn_paper", SETTINGS, "benchmarks/results/expansion_table.json"),
     "tuned": ("fedgnn_tuned", TUNED, "benchmarks/results/expansion_converged.json"),
-    "converged": ("fedgnn_tuned", CONVERGED, "benchmarks/results/expansion_at_convergence.json"),
 }
 
 

@@ -2,7 +2,7 @@
 (FedGNN under LDP, and under user-level DP with SecAgg+) or per domain (FPPDM), the neighbour service, each
 its own process; then `flwr run`.
 
-    python deploy/run_local.py --work /tmp/fedrec-deploy [--algorithms fedgnn fedgnn_user_dp fppdm] [--rounds 2]
+    python deploy/run_local.py --work /tmp/fedrec-deploy [--algorithms fedgnn fedgnn_user_dp fppdm] [--rounds N]
 
 Every step is the one a real operator runs on separate machines (see README, "Deployment"):
 certificates (deploy/make_certs.sh), per-node data files (fedrec_flwr.node_data), a SuperLink
@@ -110,6 +110,9 @@ class Deployment:
         self.closed = False
         self.env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", FLWR_HOME=str(work / "flwr-home"),
                         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1", PYTHONUNBUFFERED="1",
+                        # each SuperExec looks for a message to launch a ClientApp / ServerApp for every 0.2 s
+                        # instead of every 1 s: a loopback test's rounds are mostly such waits
+                        FLWR_SUPEREXEC_TASK_POLL_INTERVAL="0.2",
                         # a loopback test: no usage events to Flower's server from each of its ~40 processes
                         FLWR_TELEMETRY_ENABLED=os.environ.get("FLWR_TELEMETRY_ENABLED", "0"))
         # one BLAS / OpenMP thread per process: a dozen processes share the cores (the ClientApp sets torch's
@@ -198,6 +201,7 @@ class Deployment:
 
 
 PER_USER = ("fedgnn", "fedgnn_user_dp")  # deployments with one SuperNode per user (the others: one per domain)
+ALGORITHMS = ("fedgnn", "fedgnn_user_dp", "fppdm")
 
 
 def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, nodes: int) -> dict:
@@ -214,7 +218,9 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
         run_set = [*data_set, f"federation.rounds={rounds}", f"federation.clients_per_round={nodes}",
                    "federation.min_clients=2", f"deployment.min_nodes={nodes + 1}", f"federation.eval_every={rounds}"]
         if algorithm == "fedgnn":
-            run_set += ["expansion.mode=fixed", "expansion.epoch=1", "faults.malformed=0.3"]
+            # expansion right after registration, so one training round follows it; seed 0's fault draws make
+            # device 2 upload NaN in that round (the other two are applied)
+            run_set += ["expansion.mode=fixed", "expansion.epoch=0", "faults.malformed=0.3"]
         files = [data / f"user-{i}.npz" for i in range(nodes)]
     else:
         preset, dataset = "fppdm", "synthetic-md3"
@@ -285,7 +291,7 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
         with (Phase(algorithm, f"flwr run ({rounds} rounds; log: logs/flwr-run--{algorithm}.log)"),
               staged_app(ROOT, work / "app") as app):  # the app's own files: the FAB build skips .venv
             dep.run(f"flwr run ({algorithm})", [str(BIN / "flwr"), "run", str(app), "deploy", "--stream",
-                                                "--run-config", run_config], timeout=600, stamp=True)
+                                                "--run-config", run_config], timeout=900, stamp=True)
         results = json.loads((out / "results.json").read_text())
         if results.get("status") != "finished":
             raise DeployError(f"{algorithm} run did not finish: {out / 'results.json'}")
@@ -312,9 +318,10 @@ def main() -> None:
     """Run the deployment for each algorithm (at the same time unless --one-at-a-time); print what was checked."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--work", default="outputs/deploy")
-    ap.add_argument("--algorithms", nargs="+", default=["fedgnn", "fedgnn_user_dp", "fppdm"])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--fedgnn-nodes", type=int, default=4)
+    ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
+    ap.add_argument("--rounds", type=int, default=1, help="training rounds of each deployment (default: 1, which runs "
+                    "each protocol whole: graph expansion, SecAgg+'s four stages, FPPDM's barycenter)")
+    ap.add_argument("--fedgnn-nodes", type=int, default=3, help="devices of a per-user deployment (default: 3)")
     ap.add_argument("--one-at-a-time", action="store_true", help="deploy the algorithms one after the other")
     args = ap.parse_args()
     work = Path(args.work).resolve()

@@ -290,6 +290,12 @@ class ExpansionConfig:
     mode: str = "none"
     epoch: int = ranged(2, _NON_NEGATIVE)  # T: expansion runs after T epochs (epoch = users / clients_per_round rounds); 0: expand right after registration, before any training round
     max_neighbours: int = ranged(10, _NON_NEGATIVE)  # N
+    # fixed mode: every user re-expands (submits its current embedding, fetches its neighbours' current ones) every
+    # this many training rounds after the first expansion; 0: the neighbours stay as fetched at the first
+    refresh_every: int = ranged(0, _NON_NEGATIVE)
+    # who a user's neighbours are: users sharing the most rated items (the paper), or users drawn at random from
+    # the run's users (a control for measuring what shared items add; the service still gets the item tokens)
+    match: str = "shared_items"
     service_address: str = ""  # host:port of a running service; empty: start one on loopback
     retries: int = ranged(3, _NON_NEGATIVE)  # client retries when the service is unreachable
     # file holding the service's admin token (to open / close runs); empty: $FEDREC_NB_ADMIN_TOKEN.
@@ -422,6 +428,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "merge.robust": ("mean", "median", "trimmed"),
     "server_opt.name": ("sgd", "adam"),
     "expansion.mode": ("none", "fixed", "trainable"),
+    "expansion.match": ("shared_items", "random"),
     "simulation.device": ("auto", "cpu", "cuda"),
     "data.synthetic.scale": ("1-5", "0.5-5", "1-100"),
 }
@@ -628,6 +635,10 @@ def _validate(cfg: AppConfig) -> None:
     if cfg.checkpoint.resume and cfg.expansion.mode == "trainable":
         raise ConfigError("checkpoint.resume does not support expansion.mode = 'trainable' (the neighbour "
                           "service's submissions are not checkpointed); use 'fixed' or 'none'")
+    if cfg.expansion.refresh_every and cfg.expansion.mode != "fixed":
+        raise ConfigError(f"config key 'expansion.refresh_every' = {cfg.expansion.refresh_every} re-expands fixed "
+                          f"neighbours; expansion.mode = {cfg.expansion.mode!r} (trainable refreshes every round a user "
+                          "trains); set expansion.mode = fixed or refresh_every = 0")
     if cfg.model.user_offset_init != "zero" and not cfg.model.user_offset:
         raise ConfigError(f"config key 'model.user_offset_init' = {cfg.model.user_offset_init!r} needs "
                           "model.user_offset = true (there is no private offset to start otherwise)")

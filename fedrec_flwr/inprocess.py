@@ -2,7 +2,9 @@
 
 Used by tests, hyper-parameter sweeps and device (GPU) checks: the same user code and the same round
 core as a `flwr run` (`fedrec_flwr.fedgnn.user`, `fedrec_flwr.fedgnn.rounds`), with messages passed
-as Python lists instead of over Flower, every user on a node of its own. Imports neither flwr nor ray.
+as Python lists instead of over Flower, every user on a node of its own. Graph expansion runs as under
+`flwr run`: the same schedule, a neighbour service process on loopback (or the configured one), and each
+user talking to it over HTTP. Imports neither flwr nor ray.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.protocol import (
+    PHASE_EXPAND_FETCH,
+    PHASE_EXPAND_SUBMIT,
+    ExpansionLink,
+    RoundConfig,
     frame_registration,
     frame_train_upload,
     frame_users,
@@ -30,6 +36,7 @@ from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
 from fedrec_flwr.fedgnn.user_dp import node_update
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.models.rating_gnn import build_model
+from fedrec_flwr.neighbours.link import open_expansion_link
 from fedrec_flwr.results import RunFailed
 
 
@@ -45,17 +52,17 @@ def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int],
 
 
 def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,
-               probe: Callable[[FedGNNServer, Callable[[np.ndarray | None], float]], dict] | None = None,
+               probe: Callable[[FedGNNServer, Callable[..., float], Callable[[int], FedGNNUser]], dict] | None = None,
                tamper: Callable[[int, int, list[np.ndarray]], list[np.ndarray]] | None = None) -> dict:
     """Run cfg.federation.rounds FedGNN rounds in-process through the round core; returns metrics and timings.
 
     Every user sits on one node of its own (sampling is by user id, so the numbers are those of any
-    `users_per_node`). `probe(server, rmse)`, if given, runs at every evaluation and its dict joins that
-    round's record; `rmse(table)` is the RMSE of all users evaluating against another item table.
+    `users_per_node`). `probe(server, rmse, device_user)`, if given, runs at every evaluation and its dict joins
+    that round's record; `rmse(table, neighbours=True)` is the RMSE of all users evaluating against another item
+    table, or (neighbours=False) with their expansion neighbours left out of their graphs; `device_user(u)` is
+    user u's device, holding a copy of its state.
     `tamper(user, round, upload)`, if given, replaces each user's protected upload (poisoning benchmarks).
     """
-    if cfg.expansion.mode != "none":
-        raise ValueError("the in-process runner drives training rounds only; run graph expansion through flwr run")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
@@ -69,15 +76,63 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
         return FedGNNUser(device_cfg, meta, parts.user(u), store, device, model)
 
     users = list(range(meta.num_users))  # every user registers, as under flwr run: cold users are scored too
-    register_users(rounds, users, user)
-    connected = set(users)  # node id = user id
-    history, t_start = [], time.time()
     user_dp = cfg.privacy.mode == "user_dp"
     if user_dp and (tamper is not None or probe is not None):
         raise ValueError("tamper and probe read per-user uploads and anonymity sets, which privacy.mode = user_dp has not")
-    last = rounds.budget_rounds  # the training rounds the run's privacy budget allows (all, outside user_dp)
-    for rnd in range(2, last + 2):
+    link = open_expansion_link(cfg, meta.num_items) if cfg.expansion.mode != "none" else None
+    try:
+        register_users(rounds, users, user)
+        t_start = time.time()
+        history = _run_rounds(cfg, rounds, server, meta, users, user, link, device, log_every, probe, tamper)
+        wall = time.time() - t_start
+    finally:
+        if link is not None and link.close_run is not None:
+            link.close_run()
+    why = rounds.failure()
+    if why is not None:
+        raise RunFailed(why)
+    train_secs = [h["round_seconds"] for h in history if "phase" not in h]
+    return {"rmse": history[-1].get("rmse"), "median_round_seconds": float(np.median(train_secs)),
+            "clients_per_second": cfg.federation.clients_per_round / float(np.median(train_secs)),
+            "wall_seconds": wall, "uploads_per_user": rounds.upload_counts(),
+            "rejected": sum(h["rejected"] for h in history), "rounds_not_applied": rounds.rounds_not_applied,
+            "eval_ratings": rounds.final["eval_ratings"], "test_ratings": rounds.test_ratings,
+            "eval_rejected": rounds.eval_rejections, "history": history}
+
+
+def expand_users(rounds: FedGNNRounds, logical: int, phase: str, users: list[int], user: Callable[[int], FedGNNUser],
+                 link: ExpansionLink, retries: int) -> dict:
+    """One expansion round, every user at once: each submits to (or fetches its neighbours from) the service
+    itself, as its device does under flwr run. Returns the round's record."""
+    t0 = time.time()
+    counts = [user(u).expand(link, retries, phase == PHASE_EXPAND_SUBMIT, phase == PHASE_EXPAND_FETCH, logical)
+              for u in users]
+    record = {"round": logical, "phase": phase, "clients": len(users), "accepted": len(users), "rejected": 0,
+              "bytes_down": 0.0, "bytes_up": 0.0, "round_seconds": time.time() - t0}
+    if phase == PHASE_EXPAND_FETCH:
+        record["mean_neighbours"] = sum(counts) / max(len(users), 1)
+    rounds.record(record)
+    return record
+
+
+def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: list[int],
+                user: Callable[[int], FedGNNUser], link: ExpansionLink | None, device, log_every: int, probe, tamper
+                ) -> list[dict]:
+    """Every logical round after registration, by the run's schedule; the records of the rounds."""
+    connected = set(users)  # node id = user id
+    history = []
+    user_dp = cfg.privacy.mode == "user_dp"
+    total = len(rounds.schedule)  # logical rounds 1 .. total: registration, training, expansion
+    for rnd in range(2, total + 1):
+        phase = rounds.phase(rnd)
+        if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
+            history.append(expand_users(rounds, rnd, phase, users, user, link, cfg.expansion.retries))
+            continue
         t0 = time.time()
+        # trainable expansion: each sampled user re-submits and re-fetches before it trains, once it has expanded
+        refresh = cfg.expansion.mode == "trainable" and PHASE_EXPAND_FETCH in rounds.schedule[: rnd - 1]
+        round_config = (RoundConfig(phase=phase, round=rnd, expansion=link, retries=cfg.expansion.retries,
+                                    refresh_neighbours=True) if refresh else None)
         weights = server.model_weights()
         plan = rounds.plan_train(rnd, connected)  # node -> hosted users; the round's users train as one batch
         hosted = [u for us in plan.values() for u in us]
@@ -89,18 +144,19 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
             out = rounds.train_sum(rnd, vector, len(hosted), 1, [], t0, 0.0, 0.0)
         else:
             _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
-            uploads = dict(zip(hosted, train_users([user(u) for u in hosted], weights, rows, rnd, None,
+            uploads = dict(zip(hosted, train_users([user(u) for u in hosted], weights, rows, rnd, round_config,
                                                    cfg.simulation.user_batch)))
             replies = [NodeReply(node, frame_train_upload(us, [uploads[u] if tamper is None else tamper(u, rnd, uploads[u])
                                                                for u in us])) for node, us in plan.items()]
             out = rounds.train(rnd, replies, [], t0, 0.0)
-        rec = {"round": rnd - 1, "round_seconds": time.time() - t0, "clients": out["accepted"], "rejected": out["rejected"]}
-        if rounds.is_eval_round(rnd - 1 == last):
+        rec = {"round": rounds.train_rounds_done, "round_seconds": time.time() - t0, "clients": out["accepted"],
+               "rejected": out["rejected"]}
+        if rounds.is_eval_round(rnd == total):
             weights = server.model_weights()
             current = server.table() if user_dp else None  # the whole table, read once for every evaluating user
 
-            def rmse(table: np.ndarray | None = None) -> float:
-                if table is None:
+            def rmse(table: np.ndarray | None = None, neighbours: bool = True) -> float:
+                if table is None and neighbours:
                     replies = []
                     for node, hosted in rounds.plan_eval(connected).items():
                         if user_dp:
@@ -111,9 +167,13 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
                         sse, sae, n = (sum(x) for x in zip(*(user(u).evaluate(weights, r) for u, r in zip(hosted, rows))))
                         replies.append(NodeReply(node, metrics={"sse": sse, "sae": sae, "n": int(n)}))
                     return rounds.evaluate(rnd, replies, 0)["rmse"]
+                table = server.table() if table is None else table
                 sse = n = 0.0
                 for u in users:
-                    s, _, k = user(u).evaluate(weights, table[server.anonymity_sets[u]])
+                    device_user = user(u)  # holds a copy of the stored state
+                    if not neighbours:  # the same user and model, its neighbours left out of its graph
+                        device_user.state.neighbours = device_user.state.neighbours[:0]
+                    s, _, k = device_user.evaluate(weights, table[server.anonymity_sets[u]])
                     sse, n = sse + s, n + k
                 return float(np.sqrt(sse / n)) * meta.dataset_scale.unit_factor  # devices report reference units
 
@@ -121,17 +181,8 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
             rec["uploads_per_user"] = rounds.upload_counts()
             rec["privacy"] = rounds.privacy_budget()  # what each user has spent up to this round
             if probe is not None:
-                rec.update(probe(server, rmse))
+                rec.update(probe(server, rmse, user))
             if log_every:
                 print(f"[in-process] round {rec['round']} rmse {rec['rmse']:.4f} ({rec['round_seconds']:.2f}s/round)", flush=True)
         history.append(rec)
-    why = rounds.failure()
-    if why is not None:
-        raise RunFailed(why)
-    train_secs = [h["round_seconds"] for h in history]
-    return {"rmse": history[-1].get("rmse"), "median_round_seconds": float(np.median(train_secs)),
-            "clients_per_second": cfg.federation.clients_per_round / float(np.median(train_secs)),
-            "wall_seconds": time.time() - t_start, "uploads_per_user": rounds.upload_counts(),
-            "rejected": sum(h["rejected"] for h in history), "rounds_not_applied": rounds.rounds_not_applied,
-            "eval_ratings": rounds.final["eval_ratings"], "test_ratings": rounds.test_ratings,
-            "eval_rejected": rounds.eval_rejections, "history": history}
+    return history

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import secrets
 
 from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
@@ -14,15 +12,8 @@ from fedrec_flwr.baselines import baseline_rmses, baselines_on_users
 from fedrec_flwr.config import from_run_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.data.node_files import load_catalogue
-from fedrec_flwr.fedgnn.protocol import ExpansionLink
 from fedrec_flwr.logs import configure_console_logging, show_flower_round_logs
-from fedrec_flwr.neighbours import (
-    ADMIN_TOKEN_ENV,
-    NeighbourClient,
-    NeighbourServiceError,
-    new_run_key,
-)
-from fedrec_flwr.neighbours.process import start_local_service
+from fedrec_flwr.neighbours.link import open_expansion_link
 from fedrec_flwr.results import RunRecorder
 
 log = logging.getLogger("fedrec_flwr.server")
@@ -67,41 +58,12 @@ def fedgnn_components(cfg) -> ServerAppComponents:
     recorder = RunRecorder(cfg.output_dir, cfg.algorithm, meta.dataset, to_dict(cfg))
     if baselines is not None:
         recorder.set_baselines(baselines)
-    link = _expansion_link(cfg, meta.num_items) if cfg.expansion.mode != "none" else None
+    link = open_expansion_link(cfg, meta.num_items) if cfg.expansion.mode != "none" else None
     strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, recorder, meta.num_users, link,
                               num_item_features=meta.num_item_features, rating_span=meta.scale.high - meta.scale.low,
                               test_ratings=meta.num_test, baselines=baselines_of)
     timeout = cfg.federation.round_timeout or None
     return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=strategy.num_rounds, round_timeout=timeout))
-
-
-def _expansion_link(cfg, num_items: int) -> ExpansionLink:
-    """Key material for the clients, and a run opened at the neighbour service (started on loopback unless
-    configured) with the operator's admin token; the run's secret goes to the clients, the token does not."""
-    exp = cfg.expansion
-    address = exp.service_address
-    if address:
-        token = (open(exp.service_token_file, encoding="utf-8").read() if exp.service_token_file
-                 else os.environ.get(ADMIN_TOKEN_ENV, "")).strip()
-        if not token:
-            raise ValueError(f"expansion.service_address is set but no admin token: set expansion.service_token_file "
-                             f"or ${ADMIN_TOKEN_ENV}")
-    else:
-        address, _, token = start_local_service()
-        log.info("neighbour service started on %s", address)
-    admin = NeighbourClient(address, retries=exp.retries, token=token, ca_file=exp.ca_file or None)
-    run_id = secrets.token_hex(8)
-    secret = admin.open_run(run_id, cfg.model.dim, max_tokens=num_items, max_neighbours=exp.max_neighbours,
-                            updates=exp.mode == "trainable")  # trainable expansion re-submits every round
-
-    def close_run() -> None:
-        """Called by the strategy when the run ends: the service forgets its embeddings now, not at the TTL."""
-        try:
-            admin.close_run(run_id)
-        except NeighbourServiceError as exc:  # it expires on its own; the finished run stands
-            log.warning("could not close the neighbour-service run: %s", exc)
-
-    return ExpansionLink(new_run_key(), address, run_id, secret, close_run)
 
 
 def fppdm_components(cfg) -> ServerAppComponents:

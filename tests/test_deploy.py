@@ -1,8 +1,8 @@
 """The deployment test: a real SuperLink with TLS and SuperNode auth, SuperNodes, the neighbour service.
 
-A few minutes on 2 busy cores (FedGNN under LDP, FedGNN under user-level DP with SecAgg+, and FPPDM deploy at
-the same time; deploy/run_local.py prints
-one line per step with its wall time, shown here on failure), so it runs under `make deploy-test`
+About 6 minutes on 2 cores (FedGNN under LDP, FedGNN under user-level DP with SecAgg+, and FPPDM deploy at
+the same time, one training round each, each `flwr run` allowed 15 minutes; deploy/run_local.py prints one
+line per step with its wall time, shown here on failure), so it runs under `make deploy-test`
 (FEDREC_DEPLOY_TEST=1), which CI calls after the main suite; plain `make test` skips it.
 """
 
@@ -30,20 +30,20 @@ def test_fedgnn_user_dp_and_fppdm_on_a_real_superlink_with_authenticated_superno
         s = summary[algorithm]
         doc = json.loads(Path(s["results_file"]).read_text())
         train = [r for r in doc["rounds"] if r.get("phase") == "train"]
-        assert doc["status"] == "finished" and len(train) == 2, algorithm
+        assert doc["status"] == "finished" and len(train) == 1, algorithm
         assert s["rogue_node_refused"], s["rogue_log_tail"]  # an unregistered key cannot join
     fedgnn = json.loads(Path(summary["fedgnn"]["results_file"]).read_text())
     phases = [r.get("phase") for r in fedgnn["rounds"]]
-    assert "expand-fetch" in phases and 0 < fedgnn["final"]["rmse"] < 4
+    assert phases[:3] == ["register", "expand-submit", "expand-fetch"] and 0 < fedgnn["final"]["rmse"] < 4
     why = json.dumps({"registration": fedgnn["rounds"][0], "rejections": fedgnn["rejections"][:6],
                       "devices_exited": summary["fedgnn"]["devices_exited"]})[-3000:]
     assert not summary["fedgnn"]["devices_exited"] and not summary["fppdm"]["devices_exited"], why
-    assert fedgnn["rounds"][0]["accepted"] == 4, why  # the four listed devices, not the rogue or the impostor
+    assert fedgnn["rounds"][0]["accepted"] == 3, why  # the three listed devices, not the rogue or the impostor
     assert summary["fedgnn"]["impostor_refused"]  # a registered but unlisted node claiming user 0 was refused
     assert any("NaN" in r["reason"] for r in fedgnn["rejections"])  # a malformed upload was rejected, not averaged
     user_dp = json.loads(Path(summary["fedgnn_user_dp"]["results_file"]).read_text())  # SecAgg+ on real SuperNodes
     train = [r for r in user_dp["rounds"] if r.get("phase") == "train"]
-    assert user_dp["status"] == "finished" and all(r["applied"] and r["nodes"] == 4 for r in train), user_dp["rounds"]
+    assert user_dp["status"] == "finished" and len(train) == 1 and all(r["applied"] and r["nodes"] == 3 for r in train), user_dp["rounds"]
     assert user_dp["privacy"]["mode"] == "user_dp" and 0 < user_dp["privacy"]["epsilon"] <= 8
     assert summary["fedgnn_user_dp"]["impostor_refused"] and summary["fedgnn_user_dp"]["rogue_node_refused"]
     fppdm = json.loads(Path(summary["fppdm"]["results_file"]).read_text())

@@ -26,22 +26,43 @@ def run_main(argv: list[str]) -> None:
     cli_main(["run", *argv])
 
 
+ROOT = Path(__file__).resolve().parents[1]
+# one small FedGNN run, checkpointing every 2 training rounds: the results test reads it, and the kill-and-resume
+# test compares its resumed run with it (one flwr run fewer: each costs ~40 s on 2 busy cores)
+SMALL_RUN = ["--preset", "fedgnn_paper", "--dataset", "synthetic", "--set", "data.synthetic.num_users=24",
+             "data.synthetic.num_items=60", "data.synthetic.mean_degree=10", "model.dim=16", "privacy.pseudo_items=20",
+             "federation.rounds=6", "federation.clients_per_round=8", "federation.eval_every=3", "checkpoint.every=2"]
+
+
+def _env() -> dict:
+    return dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+
+
+def _small_job(out: Path, cache: Path, *extra: str) -> list[str]:
+    """`fedrec run` of SMALL_RUN into `out`, with more overrides."""
+    return [sys.executable, "-m", "fedrec_flwr.cli", "run", "--out", str(out), "--cache-dir", str(cache),
+            *SMALL_RUN, *extra]
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory) -> tuple[Path, str]:
+    """SMALL_RUN through flwr run, uninterrupted: its output folder and console output."""
+    base = tmp_path_factory.mktemp("small-run")
+    proc = subprocess.run(_small_job(base / "out", base / "cache"), cwd=ROOT, env=_env(), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return base / "out", proc.stdout
+
+
 @needs_superlink
-def test_flwr_run_writes_results(tmp_path, capsys):
-    out = tmp_path / "out"
-    run_main([
-        "--preset", "fedgnn_paper", "--dataset", "synthetic", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
-        "--set", "data.synthetic.num_users=24", "data.synthetic.num_items=60", "data.synthetic.mean_degree=10",
-        "model.dim=16", "privacy.pseudo_items=20", "federation.rounds=2", "federation.clients_per_round=8",
-        "federation.eval_every=1",
-    ])
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    final = json.loads(last)
+def test_flwr_run_writes_results(small_run):
+    out, console = small_run
+    final = json.loads(console.strip().splitlines()[-1])
     doc = json.loads((out / "results.json").read_text())
     assert doc["status"] == "finished" and doc["algorithm"] == "fedgnn" and doc["dataset"] == "synthetic"
     assert final["rmse"] == doc["final"]["rmse"] and 0 < final["rmse"] < 4
     train = [r for r in doc["rounds"] if r.get("phase") == "train"]
-    assert len(train) == 2 and all(r["accepted"] == 8 and r["rejected"] == 0 for r in train)
+    assert len(train) == 6 and all(r["accepted"] == 8 and r["rejected"] == 0 for r in train)
+    assert [r["round"] for r in train if "rmse" in r] == [4, 7]  # evaluated every 3 training rounds
     assert all(r["bytes_up"] > 0 and r["bytes_down"] > 0 for r in train)
     # traffic is O((K+M) d), far below the full item table per client
     assert all(r["bytes_down"] < 60 * 16 * 4 + 16 * 16 * 4 * 8 for r in train)
@@ -74,14 +95,14 @@ def test_flwr_run_fppdm_one_supernode_per_domain_in_plaintext_and_under_paillier
     from fedrec_flwr.privacy.paillier_pack import DomainKeys
 
     common = ["--preset", "fppdm", "--dataset", "synthetic-md3", "--cache-dir", str(tmp_path / "cache"), "--set",
-              "federation.rounds=2", "federation.eval_every=2", "fppdm.model.dim=8", "fppdm.training.local_epochs=1"]
+              "federation.rounds=1", "federation.eval_every=1", "fppdm.model.dim=8", "fppdm.training.local_epochs=1"]
     run_main(["--out", str(tmp_path / "plain"), *common])
     final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     plain = json.loads((tmp_path / "plain" / "results.json").read_text())
     assert plain["status"] == "finished" and plain["algorithm"] == "fppdm"
     assert {"hr@5", "ndcg@5", "hr@10", "ndcg@10", "domain0/hr@10"} <= set(final)
     train = [r for r in plain["rounds"] if r.get("phase") == "train"]
-    assert len(train) == 2 and all(r["accepted"] == 3 and r["overlapping_users"] > 0 for r in train)
+    assert len(train) == 1 and all(r["accepted"] == 3 and r["overlapping_users"] > 0 for r in train)
 
     key_file = tmp_path / "domains.key.json"
     DomainKeys.generate(1024).save(key_file)
@@ -101,19 +122,13 @@ def _simulation_pids() -> set[int]:
 
 
 @needs_superlink
-def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(tmp_path):
+def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(small_run, tmp_path):
     """SIGKILL the ServerApp's process after a checkpoint, rerun with checkpoint.resume=true: same final RMSE."""
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
-    common = ["--preset", "fedgnn_paper", "--dataset", "synthetic", "--cache-dir", str(tmp_path / "cache"), "--set",
-              "data.synthetic.num_users=40", "data.synthetic.num_items=60", "data.synthetic.mean_degree=10",
-              "model.dim=16", "privacy.pseudo_items=20", "federation.rounds=12", "federation.clients_per_round=8",
-              "federation.eval_every=12", "checkpoint.every=2"]
+    root, env = ROOT, _env()
 
     def job(out, *extra):
-        return [sys.executable, "-m", "fedrec_flwr.cli", "run", "--out", str(out), *common, *extra]
+        return _small_job(out, tmp_path / "cache", *extra)
 
-    assert subprocess.run(job(tmp_path / "clean"), cwd=root, env=env, capture_output=True).returncode == 0
     killed = tmp_path / "killed"
     before = _simulation_pids()
     log = tmp_path / "killed.log"
@@ -133,9 +148,9 @@ def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(tmp_pa
     assert interrupted["status"] != "finished"
     resumed = subprocess.run(job(killed, "checkpoint.resume=true"), cwd=root, env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stdout[-2000:]
-    clean = json.loads((tmp_path / "clean" / "results.json").read_text())
+    clean = json.loads((small_run[0] / "results.json").read_text())
     doc = json.loads((killed / "results.json").read_text())
-    assert doc["status"] == "finished" and 1 < doc["resumed_from"] < 13
+    assert doc["status"] == "finished" and 1 < doc["resumed_from"] < 7
     assert doc["final"]["rmse"] == pytest.approx(clean["final"]["rmse"], abs=1e-9)
     train = [r["round"] for r in doc["rounds"] if r.get("phase") == "train"]
-    assert train == list(range(2, 14))  # history from the checkpoint, then the resumed rounds
+    assert train == list(range(2, 8))  # history from the checkpoint, then the resumed rounds

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from clients.fedgnn import FedGNNClient
+from fedrec_flwr.config import ConfigError
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.local_step import local_gradients
 from fedrec_flwr.fedgnn.protocol import (
@@ -16,6 +17,7 @@ from fedrec_flwr.fedgnn.protocol import (
 )
 from fedrec_flwr.fedgnn.server import round_schedule
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
+from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
 from strategies.fedgnn import ExpansionLink, FedGNNStrategy
@@ -31,6 +33,48 @@ def test_schedule_puts_expansion_after_t_epochs(tiny_cfg):
     late = tiny_cfg("expansion.mode=fixed", "expansion.epoch=5", "federation.clients_per_round=25", "federation.rounds=10")
     with pytest.raises(ValueError, match="expansion.epoch = 5 .* federation.rounds = 10"):
         round_schedule(late.federation, late.expansion, 60)
+
+
+def test_fixed_neighbours_can_be_refreshed_every_k_training_rounds(tiny_cfg):
+    cfg = tiny_cfg("expansion.mode=fixed", "expansion.epoch=0", "expansion.refresh_every=4", "federation.rounds=10")
+    phases = round_schedule(cfg.federation, cfg.expansion, num_users=60)
+    submits = [i for i, p in enumerate(phases) if p == PHASE_EXPAND_SUBMIT]
+    trained_before = [phases[:i].count(PHASE_TRAIN) for i in submits]
+    assert trained_before == [0, 4, 8] and phases.count(PHASE_TRAIN) == 10
+    assert all(phases[i + 1] == PHASE_EXPAND_FETCH for i in submits)
+    with pytest.raises(ConfigError, match="refresh_every"):
+        tiny_cfg("expansion.mode=trainable", "expansion.refresh_every=4")
+
+
+def test_an_in_process_run_expands_and_trains_on_its_neighbours(tiny_cfg):
+    """The in-process runner follows the same schedule as flwr run: registration, expansion through a service
+    process, training; a probe can score the same model with the neighbours left out."""
+    cfg = tiny_cfg("expansion.mode=fixed", "expansion.epoch=0", "expansion.refresh_every=2", "federation.rounds=4",
+                   "federation.clients_per_round=20", "federation.eval_every=4", "expansion.max_neighbours=4")
+    seen = []
+
+    def probe(server, rmse, device_user):
+        seen.append(rmse(neighbours=False))
+        return {"rmse_without_neighbours": seen[-1]}
+
+    out = run_in_process(cfg, log_every=0, probe=probe)
+    phases = [h.get("phase", PHASE_TRAIN) for h in out["history"]]
+    assert phases == [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH, PHASE_TRAIN, PHASE_TRAIN,
+                      PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH, PHASE_TRAIN, PHASE_TRAIN]
+    fetches = [h for h in out["history"] if h.get("phase") == PHASE_EXPAND_FETCH]
+    assert all(0 < h["mean_neighbours"] <= 4 for h in fetches)
+    final = out["history"][-1]
+    assert np.isfinite(final["rmse"]) and final["rmse"] != final["rmse_without_neighbours"]
+    assert out["eval_ratings"] == out["test_ratings"]
+
+
+def test_trainable_neighbours_refresh_before_each_training_round_in_process(tiny_cfg):
+    cfg = tiny_cfg("expansion.mode=trainable", "expansion.epoch=0", "federation.rounds=2",
+                   "federation.clients_per_round=20", "expansion.match=random", "expansion.max_neighbours=2")
+    out = run_in_process(cfg, log_every=0)
+    assert [h.get("phase") for h in out["history"]][:2] == [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH]
+    assert out["history"][1]["mean_neighbours"] == 2  # random matching: N of the others, shared items or not
+    assert np.isfinite(out["rmse"])
 
 
 @pytest.fixture

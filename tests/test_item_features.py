@@ -100,7 +100,7 @@ def test_features_flow_through_partitions_and_are_learned_under_ldp(tiny_cfg):
 
     seen = {}
 
-    def probe(server, rmse):
+    def probe(server, rmse, device_user):
         seen["map"] = server.model.item_feature_map.detach().clone()
         return {}
 

@@ -131,6 +131,24 @@ def test_user_never_receives_its_own_embedding():
     assert svc.neighbours("r", "b" * 32).tolist() == [[9, 9, 9]]
 
 
+def test_random_matching_draws_other_users_whatever_they_rated():
+    """match = random: N other handles, never the asker, even when no token is shared; the shared-items run
+    over the same submissions finds nobody."""
+    shared, random_run = NeighbourService(), NeighbourService()
+    shared.open_run("r", 1, 10, 3)
+    random_run.open_run("r", 1, 10, 3, match="random")
+    for i in range(6):  # every handle rated an item of its own
+        for svc in (shared, random_run):
+            svc.submit("r", f"{i:032x}", [float(i)], [f"{i + 1:032x}"])
+    assert shared.neighbours("r", f"{0:032x}").shape == (0, 1)
+    seen = set()
+    for _ in range(20):
+        rows = random_run.neighbours("r", f"{0:032x}")[:, 0].tolist()
+        assert len(rows) == 3 and len(set(rows)) == 3 and 0.0 not in rows
+        seen.update(rows)
+    assert seen == {1.0, 2.0, 3.0, 4.0, 5.0}  # every other handle comes up (20 draws of 3 of 5)
+
+
 def _unkeyed_guesses(ids) -> dict[str, int]:
     """What someone without the key can compute from item ids: plain encodings and unkeyed hashes."""
     out = {}
@@ -181,6 +199,8 @@ def test_tokens_under_another_key_share_nothing_and_service_holds_no_key(service
         (lambda s: s.neighbours("r", ["a" * 32]), "has not submitted"),
         (lambda s: s.open_run("x", "2", 5, 3), "dim must be an integer"),
         (lambda s: s.open_run("x", 2, 5, 3, updates="yes"), "updates must be true or false"),
+        (lambda s: s.open_run("x", 2, 5, 3, match="nearest"), "match must be one of"),
+        (lambda s: s.open_run("r", 2, 5, 3, match="random"), "already open with other settings"),
         (lambda s: s.open_run("r", 3, 5, 3), "already open with other settings"),
     ],
 )

@@ -140,9 +140,10 @@ def robust_merge_items(uploads: list[tuple[np.ndarray, np.ndarray]], num_items: 
 
 
 def round_schedule(federation: FederationConfig, expansion: ExpansionConfig, num_users: int) -> list[str]:
-    """Phase of every logical round: register, training rounds, and (once, after T epochs) expansion.
+    """Phase of every logical round: register, training rounds, and graph expansion after T epochs (again every
+    `expansion.refresh_every` training rounds after that, when set).
 
-    One epoch is ceil(users / clients_per_round) training rounds. Expansion is two rounds in which
+    One epoch is ceil(users / clients_per_round) training rounds. An expansion is two rounds in which
     every user first submits to the neighbour service, then fetches its neighbours.
     """
     rounds = federation.rounds
@@ -155,7 +156,10 @@ def round_schedule(federation: FederationConfig, expansion: ExpansionConfig, num
                 f"expansion.epoch = {expansion.epoch} puts graph expansion after training round {after}, "
                 f"but federation.rounds = {rounds}; lower the epoch or add rounds"
             )
-        phases[1 + after : 1 + after] = [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH]
+        every = expansion.refresh_every
+        points = range(after, rounds, every) if every else [after]
+        for done in reversed(points):  # from the last, so earlier positions stay put
+            phases[1 + done : 1 + done] = [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH]
     return phases
 
 

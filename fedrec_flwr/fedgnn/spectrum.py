@@ -32,7 +32,7 @@ def spectrum_probe(ranks: list[int], keep_values: int = 40) -> Callable:
     """A `run_in_process` probe: at each evaluation, the item table's top `keep_values` singular values,
     the Gavish-Donoho threshold and the number of values above it (`gd_rank`), and the RMSE of every user
     against the table truncated to each rank in `ranks` (`rmse_at_rank`, keyed by the rank as text)."""
-    def probe(server, rmse) -> dict:
+    def probe(server, rmse, device_user) -> dict:
         table = server.items.detach().cpu().numpy().astype(np.float64)
         sv = np.linalg.svd(table, compute_uv=False)
         threshold = gavish_donoho_threshold(sv, table.shape)

@@ -84,9 +84,10 @@ def _gcn(p: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torch
     return out_user + bias, out_items + bias[:, None]
 
 
-def _gru(p: dict[str, torch.Tensor], m: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+def _gru(p: dict[str, torch.Tensor], m: torch.Tensor, h: torch.Tensor, with_gate: bool = False):
     """torch.nn.GRUCell(m, h) with each user's weights; h [B, ..., d], and m either like h or [B, d]: one
-    message for every row of a user (an item node's message is its user's), transformed once, not per row."""
+    message for every row of a user (an item node's message is its user's), transformed once, not per row.
+    With `with_gate`, also the update gate z (1: keep h, ignore the message)."""
     gi = _rowwise(m, p["encoder.conv.rnn.weight_ih"].transpose(1, 2))
     gh = _rowwise(h, p["encoder.conv.rnn.weight_hh"].transpose(1, 2))
     shape = [gh.shape[0]] + [1] * (gh.dim() - 2) + [gh.shape[-1]]
@@ -96,7 +97,8 @@ def _gru(p: dict[str, torch.Tensor], m: torch.Tensor, h: torch.Tensor) -> torch.
     h_r, h_z, h_n = gh.chunk(3, -1)
     r, z = torch.sigmoid(i_r + h_r), torch.sigmoid(i_z + h_z)
     n = torch.tanh(i_n + r * h_n)
-    return (1.0 - z) * n + z * h
+    out = (1.0 - z) * n + z * h
+    return (out, z) if with_gate else out
 
 
 def _ggnn(p: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,6 +107,17 @@ def _ggnn(p: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torc
     m_user = _rowwise((g.item_mask[..., None] * g.items).sum(1) + (g.neighbour_mask[..., None] * g.neighbours).sum(1), w)
     m_items = _rowwise(g.user, w)  # [B, d]: every item's message is its user's row times W
     return _gru(p, m_user, g.user), _gru(p, m_items, g.items)
+
+
+def ggnn_user_update(params: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The GGNN user node's update, opened up to see how it uses its neighbours: its new representation [B, d],
+    its GRU update gate z [B, d] (near 1: it keeps its own embedding and ignores its messages), and the part
+    of its message that comes from its neighbours [B, d] (the whole message is the items' part plus this)."""
+    w = params["encoder.conv.weight"][:, 0]
+    from_neighbours = _rowwise((g.neighbour_mask[..., None] * g.neighbours).sum(1), w)
+    m_user = _rowwise((g.item_mask[..., None] * g.items).sum(1), w) + from_neighbours
+    out, z = _gru(params, m_user, g.user, with_gate=True)
+    return out, z, from_neighbours
 
 
 def dense_encode(kind: str, heads: int, params: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torch.Tensor]:

@@ -95,12 +95,13 @@ class NeighbourClient:
         return out
 
     def open_run(self, run_id: str, dim: int, max_tokens: int, max_neighbours: int, updates: bool = False,
-                 memory_bytes: int | None = None) -> str:
+                 memory_bytes: int | None = None, match: str = "shared_items") -> str:
         """Ask the service to accept submissions for a run (the recommendation server does this, with the
         admin token); returns the run's secret for its clients. `updates`: handles may re-submit.
-        `memory_bytes`: the run's own storage budget (default: the service's per-run share)."""
+        `memory_bytes`: the run's own storage budget (default: the service's per-run share). `match`: who a
+        handle's neighbours are (shared_items, or random as a control)."""
         body = {"run_id": run_id, "dim": dim, "max_tokens": max_tokens, "max_neighbours": max_neighbours,
-                "updates": updates}
+                "updates": updates, "match": match}
         if memory_bytes is not None:
             body["memory_bytes"] = memory_bytes
         out = self._post("/runs", body)

@@ -3,8 +3,10 @@
 It is a separate process with its own address (`fedrec-neighbour-service --host H --port P`).
 It never holds the token key: it sees, per run, random client handles, their user embeddings
 and their item tokens, and answers each client with the embeddings of up to N other clients
-sharing at least one token, with no handles, ids or item information. Clients reach it
-directly; the recommendation server never relays these messages.
+sharing at least one token (most shared first), with no handles, ids or item information. A run
+opened with `match: random` answers with N other clients drawn at random instead: a control for
+measuring what shared items add. Clients reach it directly; the recommendation server never
+relays these messages.
 
 What it learns (threat model: it does not collude with the recommendation server): user
 embeddings, the number of items each client submitted, and how often each token occurs (the
@@ -86,6 +88,11 @@ from .memory import (
 )
 from .tokens import TOKEN_PATTERN
 
+# who a handle's neighbours are: the handles sharing the most tokens with it (the paper's expansion), or handles
+# drawn at random (a control: what shared items add to neighbours at all)
+MATCHES = ("shared_items", "random")
+_SYSTEM_RANDOM = secrets.SystemRandom()
+
 log = logging.getLogger("fedrec_flwr.neighbours")
 HANDLE_PATTERN = TOKEN_PATTERN
 ADMIN_TOKEN_ENV = "FEDREC_NB_ADMIN_TOKEN"
@@ -165,6 +172,7 @@ class Run:
     touched: float
     budget: int
     memory_requested: int | None = None
+    match: str = "shared_items"  # MATCHES: who a handle's neighbours are
     slot_of: dict[str, int] = field(default_factory=dict, repr=False)
     handles: list[str] = field(default_factory=list, repr=False)
     embeddings: list[np.ndarray] = field(default_factory=list, repr=False)
@@ -231,11 +239,12 @@ class NeighbourService:
         return self.limits.max_run_memory_bytes or max(0, self.budget.data_pool) // self.limits.max_runs
 
     def open_run(self, run_id: str, dim: int, max_tokens: int, max_neighbours: int, updates: bool = False,
-                 admin_token: str | None = None, memory_bytes: int | None = None) -> str:
+                 admin_token: str | None = None, memory_bytes: int | None = None, match: str = "shared_items") -> str:
         """Start accepting submissions for `run_id`; returns its secret (idempotent for identical settings).
 
         `memory_bytes`: the run's own storage budget, reserved now from the data pool (default:
-        `default_run_budget()`); no other run can use it, and this run can use no more.
+        `default_run_budget()`); no other run can use it, and this run can use no more. `match`: one of
+        MATCHES, who a handle's neighbours are.
         """
         _check_token(admin_token, self.admin_token, "admin token")
         if not _valid_run_id(run_id):
@@ -247,6 +256,8 @@ class NeighbourService:
                 raise RequestError(f"{name} must be an integer in [1, {cap}], got {value!r}")
         if not isinstance(updates, bool):
             raise RequestError(f"updates must be true or false, got {updates!r}")
+        if not isinstance(match, str) or match not in MATCHES:
+            raise RequestError(f"match must be one of {list(MATCHES)}, got {str(match)[:40]!r}")
         pool = self.budget.data_pool
         if memory_bytes is not None and (not isinstance(memory_bytes, int) or isinstance(memory_bytes, bool)
                                          or not RUN_FIXED_BYTES <= memory_bytes <= max(RUN_FIXED_BYTES, pool)):
@@ -255,8 +266,8 @@ class NeighbourService:
             self._expire()
             existing = self.runs.get(run_id)
             if existing is not None:
-                if (existing.dim, existing.max_tokens, existing.max_neighbours, existing.updates) != (
-                        dim, max_tokens, max_neighbours, updates) or memory_bytes not in (None, existing.memory_requested):
+                if (existing.dim, existing.max_tokens, existing.max_neighbours, existing.updates, existing.match) != (
+                        dim, max_tokens, max_neighbours, updates, match) or memory_bytes not in (None, existing.memory_requested):
                     raise RequestError(f"run '{run_id}' is already open with other settings", 409)
                 existing.touched = self.clock()
                 return existing.secret or ""
@@ -268,7 +279,8 @@ class NeighbourService:
                     f"cannot reserve {budget} bytes of storage for run '{run_id}': the data pool has "
                     f"{max(0, pool - self.budget.run_reserved)} of {pool} bytes unreserved", 507)
             secret = None if self.admin_token is None else secrets.token_hex(32)
-            self.runs[run_id] = Run(dim, max_tokens, max_neighbours, updates, secret, self.clock(), budget, memory_bytes)
+            self.runs[run_id] = Run(dim, max_tokens, max_neighbours, updates, secret, self.clock(), budget, memory_bytes,
+                                    match)
             return secret or ""
 
     def close_run(self, run_id: str, admin_token: str | None = None) -> None:
@@ -406,10 +418,17 @@ class NeighbourService:
             slot = run.slot_of.get(handle) if isinstance(handle, str) else None
             if slot is None:
                 raise RequestError("this handle has not submitted to this run", 404)
-            chosen = self._match(run, slot)
+            chosen = self._match(run, slot) if run.match == "shared_items" else self._random(run, slot)
             if not chosen:
                 return np.zeros((0, run.dim), np.float32)
             return np.stack([run.embeddings[s] for s in chosen])
+
+    @staticmethod
+    def _random(run: Run, slot: int) -> list[int]:
+        """At most N other slots drawn uniformly without replacement, whatever they rated (match = random)."""
+        others = len(run.handles) - 1
+        picks = _SYSTEM_RANDOM.sample(range(others), min(run.max_neighbours, others))
+        return [p + (p >= slot) for p in picks]  # skip the asking slot itself
 
     @staticmethod
     def _match(run: Run, slot: int) -> list[int]:
@@ -807,7 +826,8 @@ class _App:
         body, svc = _parse_body(raw), self.service
         if route.kind == "open":
             secret = svc.open_run(body.get("run_id"), body.get("dim"), body.get("max_tokens"), body.get("max_neighbours"),
-                                  body.get("updates", False), token, body.get("memory_bytes"))
+                                  body.get("updates", False), token, body.get("memory_bytes"),
+                                  body.get("match", "shared_items"))
             run = svc.runs.get(body.get("run_id"))
             return 200, {"status": "open", "secret": secret, "memory_bytes": run.budget if run else None}
         if route.kind == "close":

@@ -1,0 +1,204 @@
+"""FedGNN graph expansion at convergence, and why neighbours help or not: GGNN x expansion variant x seed.
+
+    python -m benchmarks.expansion_probes --data-dir DATA --dataset ml-100k --variants fixed trainable --seeds 0 1 2
+    python -m benchmarks.expansion_probes --data-dir DATA --dataset ml-100k --variants fixed-n1 fixed-n16 --seeds 0
+    python -m benchmarks.expansion_probes --table benchmarks/results/expansion_probes-ml-100k.json
+
+Every cell is one in-process run (`fedrec_flwr.inprocess`: the round core, device code, neighbour service
+process and schedule of `flwr run`, one torch thread) of the `fedgnn_tuned` preset (GGNN, privacy on) at the
+length chosen for it on a validation holdout (`benchmarks.converged_runs`: `chosen_rounds` of
+converged-fedgnn_tuned-<dataset>.json, 700 rounds on ML-100K), scored on every test rating. The variants
+(`VARIANTS`) differ from `none` only in their expansion settings:
+
+- `fixed`, `trainable`: the paper's two modes (neighbours fetched once after T = 2 epochs; or every round a
+  user trains, as their current embeddings);
+- `fixed-refresh-K`: fixed, every user re-expanding every K training rounds;
+- `fixed-nN`: at most N neighbours (10 by default);
+- `fixed-random`: N neighbours drawn at random among all users instead of those sharing the most items.
+
+At every evaluation (every 20 rounds) an expansion run also records, for the same model and users: the RMSE
+with each user's neighbours left out of its graph (`rmse_without_neighbours`: what the trained model draws
+from them), and for GGNN the user node's GRU update gate z (mean over users and coordinates; 1 keeps the
+user's own embedding and ignores its messages) and the neighbours' share of the user's message (norm of the
+neighbour part over the sum of the item and neighbour parts' norms).
+
+`none` cells are the converged test runs themselves when converged_runs recorded them (same config, same
+code: the numbers are those a rerun gives), else run here. Resumable: each finished cell is saved to
+benchmarks/results/expansion_probes-<dataset>.json and skipped on a rerun; two processes may share a file
+(`--seeds` or `--variants` split over two cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import add_data_dir, in_process_record
+from fedrec_flwr.config import load_config
+from fedrec_flwr.fsutil import atomic_write
+
+PRESET = "fedgnn_tuned"
+EVAL_EVERY = 20
+VARIANTS: dict[str, list[str]] = {
+    "none": ["expansion.mode=none"],
+    "fixed": ["expansion.mode=fixed"],
+    "trainable": ["expansion.mode=trainable"],
+    "fixed-refresh-50": ["expansion.mode=fixed", "expansion.refresh_every=50"],
+    "fixed-n1": ["expansion.mode=fixed", "expansion.max_neighbours=1"],
+    "fixed-n4": ["expansion.mode=fixed", "expansion.max_neighbours=4"],
+    "fixed-n16": ["expansion.mode=fixed", "expansion.max_neighbours=16"],
+    "fixed-random": ["expansion.mode=fixed", "expansion.match=random"],
+}
+
+
+def neighbour_use(server, rmse, device_user) -> dict:
+    """A run_in_process probe: the RMSE without neighbours, and (GGNN) the user node's update gate and the
+    neighbours' share of its message, over the users that have neighbours and rated items."""
+    import torch
+
+    from fedrec_flwr.fedgnn.user import _features_of, ready, row_positions, set_weights
+    from fedrec_flwr.models.dense_star import DenseStars, ggnn_user_update
+
+    out = {"rmse_without_neighbours": rmse(neighbours=False)}
+    weights, table = server.model_weights(), server.table()
+    gates_with, gates_without, shares = [], [], []
+    for u, ids in server.anonymity_sets.items():
+        user = device_user(u)
+        st, data = user.state, user.data
+        if st.neighbours.shape[0] == 0 or data.train_items.size == 0:
+            continue
+        model = user.model
+        if model.encoder.kind != "ggnn":
+            return out
+        set_weights(model, weights)
+        ready(model, torch.device("cpu"), training=False)
+        rows = user.item_rows(table[ids])
+        with torch.no_grad():
+            items = torch.from_numpy(rows[row_positions(st, data.train_items, user.whole_table)])
+            items = model.item_input(items, _features_of(data, data.train_items, torch.device("cpu")))
+            items = items[:, : st.embedding.shape[0]]  # the embedding part (the row's item-bias column, if any, is not a GNN input)
+            params = {name: p.detach()[None] for name, p in model.named_parameters()}
+            neigh = torch.from_numpy(st.neighbours)[None]
+            g = DenseStars(torch.from_numpy(st.embedding)[None], items[None], neigh, torch.ones(1, items.shape[0]),
+                           torch.ones(1, neigh.shape[1]))
+            _, z, from_neighbours = ggnn_user_update(params, g)
+            _, z0, _ = ggnn_user_update(params, g._replace(neighbour_mask=torch.zeros(1, neigh.shape[1])))
+            w = params["encoder.conv.weight"][:, 0]
+            from_items = torch.bmm(items.sum(0)[None, None], w)[:, 0]
+        gates_with.append(float(z.mean()))
+        gates_without.append(float(z0.mean()))
+        n_norm, i_norm = float(from_neighbours.norm()), float(from_items.norm())
+        shares.append(n_norm / max(n_norm + i_norm, 1e-12))
+    if gates_with:
+        out.update(update_gate=float(np.mean(gates_with)), update_gate_without_neighbours=float(np.mean(gates_without)),
+                   neighbour_message_share=float(np.mean(shares)))
+    return out
+
+
+def chosen_rounds(dataset: str, results: Path) -> tuple[int, dict[int, dict]]:
+    """The preset's validation-chosen length on `dataset`, and converged_runs' test runs at it by seed."""
+    path = results / f"converged-{PRESET}-{dataset}.json"
+    if not path.is_file():
+        raise SystemExit(f"{path} not found: run `python -m benchmarks.converged_runs --dataset {dataset}` first, "
+                         "which chooses the number of rounds on a validation holdout")
+    doc = json.loads(path.read_text())
+    rounds = int(doc["chosen_rounds"])
+    tests = {r["seed"]: r for r in doc["runs"] if r["holdout"] == "test" and r["rounds"] == rounds
+             and r["overrides"] == ["data.holdout=test", f"federation.rounds={rounds}", f"federation.eval_every={EVAL_EVERY}"]}
+    return rounds, tests
+
+
+def table(doc: dict) -> str:
+    """Markdown: per variant, the final test RMSE (mean +- std over seeds), its difference from `none`, the RMSE
+    without neighbours, the gate and the neighbours' share, and the wall time of a run."""
+    by = {}
+    for r in doc["runs"]:
+        by.setdefault(r["variant"], []).append(r)
+    base = [r["final"]["rmse"] for r in by.get("none", [])]
+    lines = [f"{doc['dataset']}, {doc['rounds']} rounds (final test RMSE; seeds in brackets)\n",
+             "| variant | RMSE | - none | RMSE without neighbours | update gate z (without) | neighbours' message share "
+             "| mean neighbours | wall s |", "|---|---|---|---|---|---|---|---|"]
+    for name in VARIANTS:
+        runs = sorted(by.get(name, []), key=lambda r: r["seed"])
+        if not runs:
+            continue
+        finals = [r["final"]["rmse"] for r in runs]
+        sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
+        diff = f"{statistics.mean(finals) - statistics.mean(base):+.4f}" if base and name != "none" else ""
+
+        def last(key: str) -> float | None:
+            vals = [list(r.get("probes", {}).get(key, {}).values()) for r in runs]
+            vals = [v[-1] for v in vals if v]
+            return statistics.mean(vals) if vals else None
+
+        without, z, z0, share = (last(k) for k in ("rmse_without_neighbours", "update_gate",
+                                                   "update_gate_without_neighbours", "neighbour_message_share"))
+        gate = f"{z:.3f} ({z0:.3f})" if z is not None else ""
+        lines.append(f"| {name} | {statistics.mean(finals):.4f} ± {sd:.4f} [{len(runs)}] | {diff} | "
+                     + (f"{without:.4f}" if without is not None else "") + f" | {gate} | "
+                     + (f"{share:.3f}" if share is not None else "") + " | "
+                     + f"{statistics.mean(r.get('neighbours_mean', 0.0) for r in runs):.1f} | "
+                     + f"{statistics.median(r['wall_seconds'] for r in runs):.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Run the missing cells of the requested variants and seeds; print the table."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_dir(ap)
+    ap.add_argument("--dataset", default="ml-100k")
+    ap.add_argument("--variants", nargs="+", default=["none", "fixed", "trainable"], choices=list(VARIANTS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--rounds", type=int, help="default: the length converged_runs chose on validation")
+    ap.add_argument("--results", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--table", type=Path, metavar="JSON", help="only print this results file as markdown")
+    args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
+    found = (args.results / f"converged-{PRESET}-{args.dataset}.json").is_file()
+    rounds, converged = chosen_rounds(args.dataset, args.results) if found or not args.rounds else (args.rounds, {})
+    rounds = args.rounds or rounds
+    out = args.results / f"expansion_probes-{args.dataset}.json"
+    doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
+    doc.update(dataset=args.dataset, preset=PRESET, rounds=rounds, eval_every=EVAL_EVERY,
+               command=f"python -m benchmarks.expansion_probes --data-dir DATA --dataset {args.dataset}")
+    for seed in args.seeds:
+        for name in args.variants:
+            overrides = ["data.holdout=test", f"federation.rounds={rounds}", f"federation.eval_every={EVAL_EVERY}",
+                         *VARIANTS[name]]
+            if out.is_file():  # another process may have finished cells meanwhile
+                doc["runs"] = json.loads(out.read_text())["runs"]
+            if any(r["variant"] == name and r["seed"] == seed and r["overrides"] == overrides for r in doc["runs"]):
+                continue
+            if name == "none" and seed in converged and rounds == converged[seed]["rounds"]:
+                record = {**converged[seed], "source": f"converged-{PRESET}-{args.dataset}.json"}
+            else:
+                print(f"[expansion_probes] {args.dataset} {name} seed {seed}: {' '.join(overrides)}", flush=True)
+                cfg = load_config(PRESET, args.dataset, [f"data.data_dir={args.data_dir}", f"seed={seed}", *overrides])
+                mean_neighbours = []
+
+                def probe(server, rmse, device_user):
+                    found = neighbour_use(server, rmse, device_user) if cfg.expansion.mode != "none" else {}
+                    counts = [device_user(u).state.neighbours.shape[0] for u in server.anonymity_sets]
+                    mean_neighbours.append(float(np.mean(counts)))
+                    return found
+
+                record = in_process_record(cfg, log_every=1, probe=probe)
+                record["neighbours_mean"] = mean_neighbours[-1]
+            record.update(variant=name, seed=seed, overrides=overrides)
+            if out.is_file():
+                doc["runs"] = json.loads(out.read_text())["runs"]
+            doc["runs"].append(record)
+            atomic_write(out, json.dumps(doc, indent=1))
+            print(f"[expansion_probes] {args.dataset} {name} seed {seed}: test RMSE {record['final']['rmse']:.4f}",
+                  flush=True)
+    print(table(doc))
+
+
+if __name__ == "__main__":
+    main()
