@@ -186,6 +186,7 @@ def main() -> None:
                     found = neighbour_use(server, rmse, device_user) if cfg.expansion.mode != "none" else {}
                     counts = [device_user(u).state.neighbours.shape[0] for u in server.anonymity_sets]
                     mean_neighbours.append(float(np.mean(counts)))
+                    print(f"[expansion_probes] probe {json.dumps(found)}", flush=True)  # the log keeps them as they come
                     return found
 
                 record = in_process_record(cfg, log_every=1, probe=probe)

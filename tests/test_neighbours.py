@@ -8,6 +8,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -461,6 +462,30 @@ def certs(tmp_path_factory):
     out = tmp_path_factory.mktemp("certs")
     subprocess.run(["bash", str(ROOT / "deploy" / "make_certs.sh"), str(out), "1"], check=True, capture_output=True)
     return out
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie nobody reaped has finished)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads process states from /proc")
+def test_a_local_service_stops_when_the_process_that_started_it_is_killed():
+    """A run killed outright (SIGKILL: no atexit) must not leave its loopback neighbour service behind."""
+    code = ("from fedrec_flwr.neighbours.process import start_local_service; import time; "
+            "print(start_local_service()[1].pid, flush=True); time.sleep(120)")
+    starter = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    service = int(starter.stdout.readline())
+    assert _running(service)
+    starter.kill()
+    starter.wait()
+    deadline = time.time() + 20
+    while _running(service) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _running(service)
 
 
 def test_tls_with_the_deployment_certificates(certs):

@@ -21,7 +21,8 @@ def _free_port() -> int:
 
 
 def start_local_service(timeout_s: float = 20.0, extra_args: list[str] | None = None) -> tuple[str, subprocess.Popen, str]:
-    """Spawn `python -m fedrec_flwr.neighbours.service` on a free loopback port; stopped at exit.
+    """Spawn `python -m fedrec_flwr.neighbours.service` on a free loopback port; stopped at exit, and stopping
+    itself within a second or so when this process is gone (killed, so that no atexit ran).
 
     Draws a fresh admin token and hands it over in the environment (not argv, which `ps` shows);
     returns (address, process, admin token). `extra_args`: more service flags (limits).
@@ -29,7 +30,7 @@ def start_local_service(timeout_s: float = 20.0, extra_args: list[str] | None = 
     port, token = _free_port(), secrets.token_hex(32)
     proc = subprocess.Popen(
         [sys.executable, "-m", "fedrec_flwr.neighbours.service", "--host", "127.0.0.1", "--port", str(port),
-         *(extra_args or [])],
+         "--parent-pid", str(os.getpid()), *(extra_args or [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, ADMIN_TOKEN_ENV: token},
     )
     atexit.register(proc.terminate)

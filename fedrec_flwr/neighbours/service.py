@@ -996,6 +996,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--admin-token-file", help=f"file holding the operator token (else ${ADMIN_TOKEN_ENV})")
     ap.add_argument("--certfile", help="TLS certificate (PEM); with --keyfile the service speaks HTTPS only")
     ap.add_argument("--keyfile", help="TLS private key (PEM)")
+    ap.add_argument("--parent-pid", type=int, default=0,
+                    help="stop when this process is gone (a service started for one run, not left behind if it is killed)")
     for f in dataclasses.fields(Limits):
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, metavar="N")
     args = ap.parse_args(argv)
@@ -1023,7 +1025,12 @@ def main(argv: list[str] | None = None) -> None:
                              f"{service.budget.request_capacity} bytes take it all")
         log.info("neighbour service listening on %s://%s:%d (data pool %d bytes, %d per run by default)",
                  "https" if ctx else "http", args.host, port, pool, service.default_run_budget())
-        await asyncio.Event().wait()
+        if not args.parent_pid:
+            await asyncio.Event().wait()
+        while os.getppid() == args.parent_pid:  # re-parented once the parent dies, however it died
+            await asyncio.sleep(1.0)
+        log.info("parent process %d is gone: stopping", args.parent_pid)
+        await stop()
 
     try:
         asyncio.run(run_forever())
