@@ -107,12 +107,7 @@ def expand_users(rounds: FedGNNRounds, logical: int, phase: str, users: list[int
     t0 = time.time()
     counts = [user(u).expand(link, retries, phase == PHASE_EXPAND_SUBMIT, phase == PHASE_EXPAND_FETCH, logical)
               for u in users]
-    record = {"round": logical, "phase": phase, "clients": len(users), "accepted": len(users), "rejected": 0,
-              "bytes_down": 0.0, "bytes_up": 0.0, "round_seconds": time.time() - t0}
-    if phase == PHASE_EXPAND_FETCH:
-        record["mean_neighbours"] = sum(counts) / max(len(users), 1)
-    rounds.record(record)
-    return record
+    return rounds.record_expansion(logical, phase, len(users), sum(counts), t0)
 
 
 def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: list[int],
@@ -130,9 +125,8 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
             continue
         t0 = time.time()
         # trainable expansion: each sampled user re-submits and re-fetches before it trains, once it has expanded
-        refresh = cfg.expansion.mode == "trainable" and PHASE_EXPAND_FETCH in rounds.schedule[: rnd - 1]
         round_config = (RoundConfig(phase=phase, round=rnd, expansion=link, retries=cfg.expansion.retries,
-                                    refresh_neighbours=True) if refresh else None)
+                                    refresh_neighbours=True) if rounds.refreshes_neighbours(rnd) else None)
         weights = server.model_weights()
         plan = rounds.plan_train(rnd, connected)  # node -> hosted users; the round's users train as one batch
         hosted = [u for us in plan.values() for u in us]

@@ -141,7 +141,7 @@ class FedGNNStrategy(Strategy):
             return [(c, ins) for c in nodes.values()]
         logical = self.logical(server_round)
         extra = {}
-        if self.cfg.expansion.mode == "trainable" and PHASE_EXPAND_FETCH in self.rounds.schedule[: logical - 1]:
+        if self.rounds.refreshes_neighbours(logical):
             extra = {**self._expansion(), "refresh_neighbours": True}
         config = self._round_config(server_round, **extra)
         plan = self.rounds.plan_train(logical, set(nodes))
@@ -210,11 +210,8 @@ class FedGNNStrategy(Strategy):
                 f"stopping instead of training on half-expanded graphs: {'; '.join(reasons)}"
             )
         users = sum(int(r.metrics.get("users", r.num_examples)) for _, r in results)
-        record = {"round": logical, "phase": phase, "clients": users, "accepted": users, "rejected": 0,
-                  "bytes_down": 0.0, "bytes_up": 0.0, "round_seconds": time.time() - self.round_started}
-        if phase == PHASE_EXPAND_FETCH:
-            record["mean_neighbours"] = sum(int(r.metrics.get("neighbours", 0)) for _, r in results) / max(users, 1)
-        self.rounds.record(record)
+        neighbours = sum(int(r.metrics.get("neighbours", 0)) for _, r in results)
+        self.rounds.record_expansion(logical, phase, users, neighbours, self.round_started)
         return ndarrays_to_parameters(self.server.model_weights()), {}
 
     def _is_eval_round(self, server_round: int) -> bool:

@@ -43,6 +43,7 @@ from fedrec_flwr.fedgnn.accounting import LDPAccountant, UserDPAccountant, epsil
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.protocol import (
+    PHASE_EXPAND_FETCH,
     PHASE_POPULARITY,
     PHASE_REGISTER,
     PHASE_TRAIN,
@@ -169,6 +170,20 @@ class FedGNNRounds:
     def rejected_in(self, logical_round: int) -> int:
         """How many messages were rejected in a logical round."""
         return sum(1 for r, _ in self.rejections if r == logical_round)
+
+    def refreshes_neighbours(self, logical_round: int) -> bool:
+        """Whether the users of this training round refresh their neighbours before training: trainable
+        expansion, once the first expansion has fetched them."""
+        return self.expansion.mode == "trainable" and PHASE_EXPAND_FETCH in self.schedule[: logical_round - 1]
+
+    def record_expansion(self, logical_round: int, phase: str, users: int, neighbours: int, started: float) -> dict:
+        """Record an expansion round in which `users` users submitted (or fetched `neighbours` neighbours in all)."""
+        record = {"round": logical_round, "phase": phase, "clients": users, "accepted": users, "rejected": 0,
+                  "bytes_down": 0.0, "bytes_up": 0.0, "round_seconds": time.time() - started}
+        if phase == PHASE_EXPAND_FETCH:
+            record["mean_neighbours"] = neighbours / max(users, 1)
+        self.record(record)
+        return record
 
     def record(self, record: dict, complete: bool = True) -> None:
         """Add one round's record to the run's results and its console line (printed once the round is
