@@ -1,6 +1,7 @@
-"""The PyG formulation of one user's local step, kept as a test oracle for `fedrec_flwr.fedgnn.local_step`.
+"""The PyG formulation of one user's local step and evaluation, kept as a test oracle for
+`fedrec_flwr.fedgnn.local_step` and `fedrec_flwr.fedgnn.user.evaluate_user`.
 
-The product computes local steps only through the batched dense path; this is the same computation
+The product computes local steps and evaluations only through the dense path; this is the same computation
 written with PyG's layers on one star graph (`RatingGNN.forward`), as the paper states it. Tests compare
 the two within float32 rounding (tests/test_batched_users.py). A PyG rename of a layer's parameters, or a
 change in its arithmetic, shows up here first.
@@ -15,6 +16,7 @@ from fedrec_flwr.data import UserData
 from fedrec_flwr.fedgnn.local_step import LocalStep
 from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.fedgnn.user import DeviceSections, _features_of, ready
+from fedrec_flwr.metrics import ErrorSums, squared_error_sum
 from fedrec_flwr.models.rating_gnn import RatingGNN
 from fedrec_flwr.models.star_graph import build_star_batch
 
@@ -118,3 +120,18 @@ def oracle_uploads(users, weights: list[np.ndarray], rows: list[np.ndarray], ser
         user.finish_train(step.embedding, step.offset, server_round)
         out.append(protected_upload(user.cfg, user.state, user.data, step, rng, user.device))
     return out
+
+
+def pyg_evaluate(model: RatingGNN, state: UserState, data: UserData, item_rows: np.ndarray, low: float,
+                 high: float) -> ErrorSums:
+    """(SSE, SAE, n) of the user's clipped test predictions from PyG's layers on its star graph: the user node,
+    its rated items, its neighbours, and its query items hanging off it (item rows: its anonymity set's)."""
+    model = ready(model, torch.device("cpu"), training=False)
+    rows = lambda items: torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, items)])  # noqa: E731
+    batch = build_star_batch([data.train_items.size], [data.test_items.size], [state.neighbours.shape[0]])
+    with torch.no_grad():
+        train_x = model.item_input(rows(data.train_items), _features_of(data, data.train_items, torch.device("cpu")))
+        query_x = model.item_input(rows(data.test_items), _features_of(data, data.test_items, torch.device("cpu")))
+        _, pred = model(batch, torch.from_numpy(state.embedding[None, :]), train_x, query_x,
+                        torch.from_numpy(state.neighbours))
+    return squared_error_sum(pred.numpy() + np.float32(state.offset), data.test_values, low, high)

@@ -1,15 +1,17 @@
 """The batched local step gives each user the numbers of its PyG formulation (tests/oracle_local_step.py), in
 any batch: uploads, private states and whole runs."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
-from oracle_local_step import oracle_uploads
+from oracle_local_step import oracle_uploads, pyg_evaluate
 
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.local_step import size_groups, train_users
-from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, evaluate_user, set_weights
 from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.models.rating_gnn import build_model, row_width
 
@@ -27,8 +29,9 @@ ITEM_BIAS = ["model.item_bias=true", "model.user_offset=true", "model.user_offse
 UPLOAD_ATOL, UPLOAD_RTOL = 2e-6, 1e-5
 
 
-def _uploads(tmp_path, gnn: str, extra: list[str], batch: int | None):
-    """24 users' uploads and states after one round, in batches of `batch` (None: through the PyG oracle)."""
+def _users(tmp_path, gnn: str, extra: list[str]):
+    """24 users of the quickstart data sharing one model (some with neighbours), the model's weights, and item rows
+    for each user's anonymity set."""
     cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "privacy.pseudo_sampler=uniform",  # no round 0
                                            f"model.gnn={gnn}", "model.dim=8", *extra])
     parts = UserPartitions(prepare_partitions(cfg.data))
@@ -42,8 +45,37 @@ def _uploads(tmp_path, gnn: str, extra: list[str], batch: int | None):
         u.state.neighbours = np.random.default_rng(u.user).standard_normal((u.user % 3, 8)).astype(np.float32) * 0.1
     rows = [np.random.default_rng(100 + u.user).standard_normal((u.state.anonymity_ids.size, row_width(cfg.model)))
             .astype(np.float32) * 0.1 for u in users]
+    return users, weights, rows, store
+
+
+def _uploads(tmp_path, gnn: str, extra: list[str], batch: int | None):
+    """24 users' uploads and states after one round, in batches of `batch` (None: through the PyG oracle)."""
+    users, weights, rows, store = _users(tmp_path, gnn, extra)
     uploads = oracle_uploads(users, weights, rows, 3) if batch is None else train_users(users, weights, rows, 3, None, batch)
     return uploads, [(st.embedding, st.offset) for st in (store.states[u.user] for u in users)]
+
+
+@pytest.mark.parametrize("gnn", ["gat", "gcn", "ggnn"])
+@pytest.mark.parametrize("extra", [[], DELTA, ITEM_BIAS], ids=["gradient", "delta-offset-features", "item-bias-mean-offset"])
+def test_evaluation_scores_what_the_pyg_forward_predicts(tmp_path, gnn, extra):
+    """A device scores its test ratings through the dense star (no PyG import on the device); PyG's message passing
+    on the same star graph gives the same error sums, with neighbours, item biases and features, and for a user
+    whose ratings are all test ratings (cold: its star is its own node and its query items)."""
+    users, weights, rows, _ = _users(tmp_path, gnn, extra)
+    low, high = users[0].meta.scale.low, users[0].meta.scale.high
+    model = users[0].model
+    set_weights(model, [w + np.random.default_rng(i).standard_normal(w.shape).astype(np.float32) * 0.1
+                        for i, w in enumerate(weights)])  # away from the initial zeros (biases, feature map)
+    cold = dataclasses.replace(users[1].data, train_items=users[1].data.train_items[:0],
+                               train_values=users[1].data.train_values[:0])
+    cases = [(u.state, u.data, r) for u, r in zip(users, rows)] + [(users[1].state, cold, rows[1])]
+    scored = 0
+    for state, data, r in cases:
+        got, want = evaluate_user(model, state, data, r, low, high), pyg_evaluate(model, state, data, r, low, high)
+        assert got.n == want.n == data.test_items.size
+        np.testing.assert_allclose([got.sse, got.sae], [want.sse, want.sae], rtol=1e-5, atol=1e-5)
+        scored += got.n
+    assert scored > 0
 
 
 @pytest.mark.parametrize("gnn", ["gat", "gcn", "ggnn"])

@@ -87,3 +87,49 @@ def test_biases_start_at_zero_so_a_new_model_predicts_as_the_paper_model():
     batch = build_star_batch([3])
     user, items = torch.randn(1, 4), torch.randn(3, 4)
     assert torch.equal(plain(batch, user, items)[0], biased(batch, user, items)[0])
+
+
+PYG_LAYERS = {"gat": lambda d: ("GATConv", dict(in_channels=d, out_channels=d, heads=2, concat=False, add_self_loops=True)),
+              "gcn": lambda d: ("GCNConv", dict(in_channels=d, out_channels=d, add_self_loops=True)),
+              "ggnn": lambda d: ("GatedGraphConv", dict(out_channels=d, num_layers=1))}
+
+
+@pytest.mark.parametrize("kind", ["gat", "gcn", "ggnn"])
+def test_layer_weights_are_pygs_own_names_order_and_initial_draws(kind):
+    """The weights the devices and the server hold without PyG are what PyG's layer holds: the same names in the
+    same order and, from one seed, the same initial values and the same random stream after them (the same
+    uniform draws with the same bounds, so equal exactly). PyG's layer over them (centralized training, the
+    test oracle) draws nothing and computes with those very tensors."""
+    import torch_geometric.nn as pyg
+
+    from fedrec_flwr.models.star_layers import layer_weights, pyg_layer
+
+    name, kwargs = PYG_LAYERS[kind](6)
+    torch.manual_seed(3)
+    reference, after_reference = getattr(pyg, name)(**kwargs), torch.rand(4)
+    torch.manual_seed(3)
+    ours, after_ours = layer_weights(kind, 6, heads=2), torch.rand(4)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in reference.named_parameters()]
+    for (_, a), (_, b) in zip(ours.named_parameters(), reference.named_parameters()):
+        assert torch.equal(a, b)
+    assert torch.equal(after_ours, after_reference)
+    torch.manual_seed(5)
+    layer, drawn = pyg_layer(ours), torch.rand(4)
+    torch.manual_seed(5)
+    assert torch.equal(drawn, torch.rand(4))
+    assert all(p is q for p, q in zip(layer.parameters(), ours.parameters()))
+    x, edges = torch.randn(4, 6), torch.tensor([[1, 2, 3, 0], [0, 0, 0, 1]])
+    assert torch.equal(layer(x, edges), reference(x, edges))
+
+
+def test_device_and_server_processes_do_not_import_pyg():
+    """A deployed SuperNode starts a ClientApp process per message: importing torch_geometric would add ~2.8 s of
+    CPU to each (it imports torch._dynamo). The FedGNN device, its local step and evaluation, the server and the
+    apps import torch only."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fedrec_flwr.client_app, fedrec_flwr.server_app, clients.fedgnn, strategies, "
+            "fedrec_flwr.fedgnn.local_step, fedrec_flwr.fedgnn.server, fedrec_flwr.inprocess, strategies.fedgnn; "
+            "sys.exit('torch_geometric' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -3,7 +3,7 @@
 The user's embedding and ratings never leave the device. What leaves is the LDP-protected
 gradient of the shared model and of the item rows of its anonymity set (rated, test and
 pseudo items together, sorted by id), see `fedrec_flwr.fedgnn.protocol`. This module needs only
-torch and torch-geometric, so GPU benchmarks can drive it on machines without flwr or ray.
+torch (not torch-geometric, not flwr, not ray), so GPU benchmarks can drive it on machines without flwr or ray.
 Its local step and protection are in `fedrec_flwr.fedgnn.local_step`; `clients.fedgnn` wraps both in Flower's NumPyClient.
 """
 
@@ -21,8 +21,8 @@ from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.fedgnn.protocol import ExpansionLink, RoundConfig
 from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.metrics import ErrorSums, squared_error_sum
+from fedrec_flwr.models.dense_star import DenseStars, dense_predict
 from fedrec_flwr.models.rating_gnn import RatingGNN, build_model, row_width
-from fedrec_flwr.models.star_graph import build_star_batch
 from fedrec_flwr.neighbours import NeighbourClient, item_tokens
 from fedrec_flwr.privacy import (
     num_pseudo,
@@ -190,12 +190,18 @@ def evaluate_user(
         return torch.from_numpy(item_rows[row_positions(state, items, whole_table)])
 
     train_x, query_x = rows(data.train_items).to(device), rows(data.test_items).to(device)
-    batch = build_star_batch([data.train_items.size], [data.test_items.size], [state.neighbours.shape[0]]).to(device)
-    neigh_x = torch.from_numpy(state.neighbours).to(device)
+    t = data.train_items.size
     with torch.no_grad():
         train_x = model.item_input(train_x, _features_of(data, data.train_items, device))
         query_x = model.item_input(query_x, _features_of(data, data.test_items, device))
-        _, pred = model(batch, torch.from_numpy(state.embedding[None, :]).to(device), train_x, query_x, neigh_x)
+        # one star: the query items hang off the user (they receive from it, and the mask keeps them out of its message)
+        items, b_items = model.split_rows(torch.cat([train_x, query_x], 0))
+        mask = torch.cat([torch.ones(t, device=device), torch.zeros(data.test_items.size, device=device)])
+        neigh_x = torch.from_numpy(state.neighbours).to(device)
+        star = DenseStars(torch.from_numpy(state.embedding[None, :]).to(device), items[None], neigh_x[None], mask[None],
+                          torch.ones(1, neigh_x.shape[0], device=device))
+        params = {name: p[None] for name, p in model.named_parameters()}  # one user: a batch of one
+        pred = dense_predict(model, params, star, star, None if b_items is None else b_items[None])[0, t:]
     return squared_error_sum(pred.cpu().numpy() + np.float32(state.offset), data.test_values, low, high)
 
 

@@ -1,14 +1,17 @@
-"""FedGNN's model: a GNN over star graphs (GAT, GCN or GGNN from PyG) and a dot-product rating predictor."""
+"""FedGNN's model: a GNN over star graphs (GAT, GCN or GGNN, as PyG defines them) and a dot-product rating predictor.
+
+The layer weights are PyG's, held without importing PyG (`star_layers`); the federated path runs them in dense
+form (`dense_star`), and `forward` over a `StarBatch` runs PyG's own message passing on them (the centralized
+reference and the test oracle), importing PyG on first use.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torch_geometric.nn import GATConv, GatedGraphConv, GCNConv
 
 from .star_graph import StarBatch
-
-GNN_TYPES = ("gat", "gcn", "ggnn")
+from .star_layers import GNN_TYPES, layer_weights, pyg_layer
 
 
 class StarGraphEncoder(nn.Module):
@@ -25,21 +28,16 @@ class StarGraphEncoder(nn.Module):
             raise ValueError(f"model.gnn = {kind!r}; expected one of {GNN_TYPES}")
         self.kind = kind
         self.dropout = nn.Dropout(dropout)
-        if kind == "gat":
-            self.conv = GATConv(dim, dim, heads=heads, concat=False, add_self_loops=True)
-        elif kind == "gcn":
-            self.conv = GCNConv(dim, dim, add_self_loops=True)
-        else:
-            self.conv = GatedGraphConv(dim, num_layers=1)
+        self.conv = layer_weights(kind, dim, heads)
 
     def reset_parameters(self) -> None:
         """Re-initialise the layer weights."""
         self.conv.reset_parameters()
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
-        """Node representations [N, dim] from node features [N, dim]."""
+        """Node representations [N, dim] from node features [N, dim], by PyG's layer over these weights."""
         x = self.dropout(x)
-        out = self.conv(x, edge_index)
+        out = pyg_layer(self.conv)(x, edge_index)
         return out if self.kind == "ggnn" else x + out
 
 
