@@ -3,6 +3,8 @@
     python -m benchmarks.expansion_probes --data-dir DATA --dataset ml-100k --variants fixed trainable --seeds 0 1 2
     python -m benchmarks.expansion_probes --data-dir DATA --dataset ml-100k --variants fixed-n1 fixed-n16 --seeds 0
     python -m benchmarks.expansion_probes --table benchmarks/results/expansion_probes-ml-100k.json
+    python -m benchmarks.expansion_probes --plot benchmarks/results/expansion_probes-ml-100k.json \
+        benchmarks/results/expansion_probes-ml-100k.png
 
 Every cell is one in-process run (`fedrec_flwr.inprocess`: the round core, device code, neighbour service
 process and schedule of `flwr run`, one torch thread) of the `fedgnn_tuned` preset (GGNN, privacy on) at the
@@ -146,6 +148,47 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(doc: dict, path: Path) -> None:
+    """Two panels over training rounds, one line per expansion cell: its test RMSE minus the `none` run of the same
+    seed (solid) and the same model's RMSE without its neighbours minus it (dotted); and the GGNN user node's update
+    gate z with (solid) and without (dotted) its neighbours, with the neighbours' share of its message."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    none = {r["seed"]: r["rmse_by_round"] for r in doc["runs"] if r["variant"] == "none"}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for i, r in enumerate(sorted((r for r in doc["runs"] if r["variant"] != "none"), key=lambda r: (r["variant"], r["seed"]))):
+        color, label = f"C{i % 10}", f"{r['variant']}, seed {r['seed']}"
+        base = none.get(r["seed"], {})
+        probes = r.get("probes", {})
+        for key, curve, ls in (("rmse", r["rmse_by_round"], "-"), ("without", probes.get("rmse_without_neighbours", {}), ":")):
+            pts = sorted((int(k), v - base[k]) for k, v in curve.items() if k in base)
+            if pts:
+                left.plot([x for x, _ in pts], [y for _, y in pts], ls=ls, color=color,
+                          label=label if key == "rmse" else None, lw=1)
+        for key, ls in (("update_gate", "-"), ("update_gate_without_neighbours", ":")):
+            pts = sorted((int(k), v) for k, v in probes.get(key, {}).items())
+            right.plot([x for x, _ in pts], [y for _, y in pts], ls=ls, color=color, lw=1,
+                       label=f"{label}: gate z" if ls == "-" else None)
+        pts = sorted((int(k), v) for k, v in probes.get("neighbour_message_share", {}).items())
+        right.plot([x for x, _ in pts], [y for _, y in pts], ls="--", color=color, lw=1, label=f"{label}: neighbours' share")
+    left.axhline(0.0, color="black", lw=0.8)
+    left.set_title(f"{doc['dataset']}, {doc['rounds']} rounds: test RMSE - none of the same seed\n"
+                   "dotted: the same model without its neighbours - none", fontsize=9)
+    right.set_title("GGNN user node: update gate z (dotted: without its neighbours)\n"
+                    "dashed: the neighbours' share of its message", fontsize=9)
+    for ax in (left, right):
+        ax.set_xlabel("training round")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    left.set_ylim(-0.006, 0.006)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     """Run the missing cells of the requested variants and seeds; print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -156,9 +199,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, help="default: the length converged_runs chose on validation")
     ap.add_argument("--results", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--table", type=Path, metavar="JSON", help="only print this results file as markdown")
+    ap.add_argument("--plot", type=Path, nargs=2, metavar=("JSON", "PNG"), help="only plot this results file")
     args = ap.parse_args()
     if args.table:
         print(table(json.loads(args.table.read_text())))
+        return
+    if args.plot:
+        plot(json.loads(args.plot[0].read_text()), args.plot[1])
         return
     found = (args.results / f"converged-{PRESET}-{args.dataset}.json").is_file()
     rounds, converged = chosen_rounds(args.dataset, args.results) if found or not args.rounds else (args.rounds, {})
