@@ -115,14 +115,15 @@ def chosen_rounds(dataset: str, results: Path) -> tuple[int, dict[int, dict]]:
 
 
 def table(doc: dict) -> str:
-    """Markdown: per variant, the final test RMSE (mean +- std over seeds), its difference from `none`, the RMSE
+    """Markdown: per variant, the final test RMSE (mean +- std over seeds), its difference from `none` (mean over
+    the variant's seeds of the difference from none's run of the same seed), the RMSE
     without neighbours, the gate and the neighbours' share, and the wall time of a run."""
     by = {}
     for r in doc["runs"]:
         by.setdefault(r["variant"], []).append(r)
-    base = [r["final"]["rmse"] for r in by.get("none", [])]
+    base = {r["seed"]: r["final"]["rmse"] for r in by.get("none", [])}
     lines = [f"{doc['dataset']}, {doc['rounds']} rounds (final test RMSE; seeds in brackets)\n",
-             "| variant | RMSE | - none | RMSE without neighbours | update gate z (without) | neighbours' message share "
+             "| variant | RMSE | - none (same seeds) | RMSE without neighbours | update gate z (without) | neighbours' message share "
              "| mean neighbours | wall s |", "|---|---|---|---|---|---|---|---|"]
     for name in VARIANTS:
         runs = sorted(by.get(name, []), key=lambda r: r["seed"])
@@ -130,7 +131,8 @@ def table(doc: dict) -> str:
             continue
         finals = [r["final"]["rmse"] for r in runs]
         sd = statistics.stdev(finals) if len(finals) > 1 else 0.0
-        diff = f"{statistics.mean(finals) - statistics.mean(base):+.4f}" if base and name != "none" else ""
+        paired = [r["final"]["rmse"] - base[r["seed"]] for r in runs if r["seed"] in base]  # against none's same seed
+        diff = f"{statistics.mean(paired):+.4f}" if paired and name != "none" else ""
 
         def last(key: str) -> float | None:
             vals = [list(r.get("probes", {}).get(key, {}).values()) for r in runs]
