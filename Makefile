@@ -32,7 +32,8 @@ test: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 $(BIN)/python -m pytest
 
 # A real deployment on loopback: SuperLink with TLS + SuperNode auth, one SuperNode per user / domain,
-# the neighbour service, 2 rounds of FedGNN and of FPPDM through `flwr run` (about 7 minutes on 2 cores).
+# the neighbour service, one training round of FedGNN (LDP; user-level DP with SecAgg+) and of FPPDM through
+# `flwr run` (6-8 minutes on 2 cores).
 deploy-test: install
 	PATH="$(CURDIR)/$(BIN):$$PATH" FEDREC_DEPLOY_TEST=1 $(BIN)/python -m pytest tests/test_deploy.py
 

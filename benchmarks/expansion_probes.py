@@ -142,7 +142,9 @@ def table(doc: dict) -> str:
         without, z, z0, share = (last(k) for k in ("rmse_without_neighbours", "update_gate",
                                                    "update_gate_without_neighbours", "neighbour_message_share"))
         gate = f"{z:.3f} ({z0:.3f})" if z is not None else ""
-        lines.append(f"| {name} | {statistics.mean(finals):.4f} ± {sd:.4f} [{len(runs)}] | {diff} | "
+        rmse = f"{finals[0]:.4f} [seed {runs[0]['seed']}]" if len(runs) == 1 else \
+            f"{statistics.mean(finals):.4f} ± {sd:.4f} [{len(runs)}]"
+        lines.append(f"| {name} | {rmse} | {diff} | "
                      + (f"{without:.4f}" if without is not None else "") + f" | {gate} | "
                      + (f"{share:.3f}" if share is not None else "") + " | "
                      + f"{statistics.mean(r.get('neighbours_mean', 0.0) for r in runs):.1f} | "

@@ -1,6 +1,6 @@
 """The deployment test: a real SuperLink with TLS and SuperNode auth, SuperNodes, the neighbour service.
 
-About 6 minutes on 2 cores (FedGNN under LDP, FedGNN under user-level DP with SecAgg+, and FPPDM deploy at
+6-8 minutes on 2 cores (FedGNN under LDP, FedGNN under user-level DP with SecAgg+, and FPPDM deploy at
 the same time, one training round each, each `flwr run` allowed 15 minutes; deploy/run_local.py prints one
 line per step with its wall time, shown here on failure), so it runs under `make deploy-test`
 (FEDREC_DEPLOY_TEST=1), which CI calls after the main suite; plain `make test` skips it.
