@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,29 +9,6 @@ import pytest
 from fedrec_flwr.config import load_config
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-
-def _superlinks() -> set[int]:
-    """PIDs of the running flower-superlink processes (empty where pgrep is missing)."""
-    try:
-        out = subprocess.run(["pgrep", "-f", "flower-superlink"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return set()
-    return {int(pid) for pid in out.split()}
-
-
-@pytest.fixture(scope="session", autouse=True)
-def stop_the_superlinks_the_suite_started():
-    """`flwr run . local` starts a local SuperLink that outlives the run (Flower's design; `make stop-superlink`);
-    the ones the suite's runs started are stopped when it ends, so `make test` leaves no process behind. A
-    SuperLink that was running before the suite is left alone."""
-    before = _superlinks()
-    yield
-    for pid in _superlinks() - before:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
 
 
 @pytest.fixture
