@@ -34,8 +34,9 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
 
 def in_process_record(cfg, log_every: int = 0, probe=None) -> dict:
     """One FedGNN run of `cfg` in this process on one torch thread (`fedrec_flwr.inprocess`: the round core and
-    device code of `flwr run`): its final metrics, RMSE curve, accounted budget at the end, and times. With a
-    `probe` (see run_in_process), each number it returns is kept per evaluated round too, under `probes`."""
+    device code of `flwr run`): its final metrics, RMSE curve, accounted budget at the end, and times (a run
+    resumed from its checkpoint counts the time its rounds took before). With a `probe` (see run_in_process),
+    each number it returns is kept per evaluated round too, under `probes`."""
     import torch
 
     from fedrec_flwr.inprocess import run_in_process
@@ -55,5 +56,5 @@ def in_process_record(cfg, log_every: int = 0, probe=None) -> dict:
     return {**extra, "sampler": cfg.privacy.pseudo_sampler,
             "final": {"rmse": out["rmse"], "eval_ratings": out["eval_ratings"], "test_ratings": out["test_ratings"]},
             "rmse_by_round": {str(h["round"]): h["rmse"] for h in evals}, "budget": evals[-1]["privacy"],
-            "median_round_seconds": out["median_round_seconds"], "wall_seconds": round(time.time() - started, 1),
+            "median_round_seconds": out["median_round_seconds"], "wall_seconds": round(time.time() - started + out["seconds_before_resume"], 1),
             "date": date.today().isoformat()}

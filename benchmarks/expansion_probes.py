@@ -27,13 +27,16 @@ neighbour part over the sum of the item and neighbour parts' norms).
 `none` cells are the converged test runs themselves when converged_runs recorded them (same config, same
 code: the numbers are those a rerun gives), else run here. Resumable: each finished cell is saved to
 benchmarks/results/expansion_probes-<dataset>.json and skipped on a rerun; two processes may share a file
-(`--seeds` or `--variants` split over two cores).
+(`--seeds` or `--variants` split over two cores). A cell itself checkpoints every CHECKPOINT_EVERY training
+rounds under .cache/expansion_probes/ and a rerun continues a killed cell from there, with the numbers of an
+uninterrupted run (`trainable` cannot: the neighbour service's submissions are not checkpointed).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -45,6 +48,8 @@ from fedrec_flwr.fsutil import atomic_write
 
 PRESET = "fedgnn_tuned"
 EVAL_EVERY = 20
+CHECKPOINT_EVERY = 50  # training rounds: at most ~4 minutes of a cell lost to a kill on a 2-core box
+CHECKPOINTS = Path(".cache/expansion_probes")
 VARIANTS: dict[str, list[str]] = {
     "none": ["expansion.mode=none"],
     "fixed": ["expansion.mode=fixed"],
@@ -99,6 +104,16 @@ def neighbour_use(server, rmse, device_user) -> dict:
         out.update(update_gate=float(np.mean(gates_with)), update_gate_without_neighbours=float(np.mean(gates_without)),
                    neighbour_message_share=float(np.mean(shares)))
     return out
+
+
+def cell_checkpoint(dataset: str, variant: str, seed: int) -> list[str]:
+    """The checkpoint settings of one cell: every CHECKPOINT_EVERY training rounds into its own folder, resumed
+    when a killed run of it left a checkpoint there; none for `trainable`, which cannot resume."""
+    if "expansion.mode=trainable" in VARIANTS[variant]:
+        return []
+    folder = CHECKPOINTS / f"{dataset}-{variant}-seed{seed}"
+    resume = ["checkpoint.resume=true"] if (folder / "server.pt").is_file() else []
+    return [f"checkpoint.dir={folder}", f"checkpoint.every={CHECKPOINT_EVERY}", *resume]
 
 
 def chosen_rounds(dataset: str, results: Path) -> tuple[int, dict[int, dict]]:
@@ -230,7 +245,8 @@ def main() -> None:
                 record = {**converged[seed], "source": f"converged-{PRESET}-{args.dataset}.json"}
             else:
                 print(f"[expansion_probes] {args.dataset} {name} seed {seed}: {' '.join(overrides)}", flush=True)
-                cfg = load_config(PRESET, args.dataset, [f"data.data_dir={args.data_dir}", f"seed={seed}", *overrides])
+                cfg = load_config(PRESET, args.dataset, [f"data.data_dir={args.data_dir}", f"seed={seed}", *overrides,
+                                                         *cell_checkpoint(args.dataset, name, seed)])
                 mean_neighbours = []
 
                 def probe(server, rmse, device_user):
@@ -242,6 +258,8 @@ def main() -> None:
 
                 record = in_process_record(cfg, log_every=1, probe=probe)
                 record["neighbours_mean"] = mean_neighbours[-1]
+                if cfg.checkpoint.dir:
+                    shutil.rmtree(cfg.checkpoint.dir, ignore_errors=True)  # the cell is done: nothing to resume
             record.update(variant=name, seed=seed, overrides=overrides)
             if out.is_file():
                 doc["runs"] = json.loads(out.read_text())["runs"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedrec_flwr.fedgnn.state import UserState
+from fedrec_flwr.fedgnn.state import UserState, decode_state, encode_state
 from fedrec_flwr.fsutil import atomic_write
 
 
@@ -23,43 +23,6 @@ def _unpack(arrays) -> UserState:
     emb, ids, neighbours, handle, offset = arrays
     return UserState(np.asarray(emb, np.float32), np.asarray(ids, np.int64), np.asarray(neighbours, np.float32),
                      bytes(np.asarray(handle, np.uint8)).hex(), float(np.asarray(offset, np.float64).reshape(-1)[0]))
-
-
-_HEADER = 5  # int64 sizes: embedding, ids, neighbour rows, neighbour width, handle bytes
-
-
-def encode_state(st: UserState) -> bytes:
-    """A UserState as one byte string (sizes, then the raw arrays): what a node keeps in its Flower state.
-
-    Raw bytes because the node's state is rewritten for every sampled user in every round, and
-    numpy's self-describing format costs ~100 times more to read back (its header is parsed as Python)."""
-    emb = np.ascontiguousarray(st.embedding, "<f4").reshape(-1)
-    ids = np.ascontiguousarray(st.anonymity_ids, "<i8").reshape(-1)
-    nb = np.ascontiguousarray(st.neighbours, "<f4")  # [n, d]
-    if nb.ndim != 2:
-        raise ValueError(f"user state neighbours must be [n, d], got shape {nb.shape}")
-    handle = bytes.fromhex(st.handle)
-    head = np.array([emb.size, ids.size, nb.shape[0], nb.shape[1], len(handle)], "<i8")
-    return b"".join((head.tobytes(), emb.tobytes(), ids.tobytes(), nb.tobytes(), handle, np.float64(st.offset).tobytes()))
-
-
-def decode_state(blob: bytes) -> UserState:
-    """The UserState `encode_state` wrote; ValueError if the bytes do not have its layout."""
-    if len(blob) < 8 * _HEADER:
-        raise ValueError(f"stored user state is {len(blob)} bytes, shorter than its header")
-    n_emb, n_ids, n_nb, width, n_handle = (int(x) for x in np.frombuffer(blob, "<i8", _HEADER))
-    sizes = (4 * n_emb, 8 * n_ids, 4 * n_nb * width, n_handle, 8)
-    if min(n_emb, n_ids, n_nb, width, n_handle) < 0 or (n_nb and not width) or len(blob) != 8 * _HEADER + sum(sizes):
-        raise ValueError(f"stored user state of {len(blob)} bytes does not match its header {[n_emb, n_ids, n_nb, width, n_handle]}")
-    at = 8 * _HEADER
-    parts = []
-    for size in sizes:
-        parts.append(blob[at : at + size])
-        at += size
-    emb, ids, nb, handle, offset = parts
-    return UserState(np.frombuffer(emb, "<f4").astype(np.float32), np.frombuffer(ids, "<i8").astype(np.int64),
-                     np.frombuffer(nb, "<f4").astype(np.float32).reshape(n_nb, width), handle.hex(),
-                     float(np.frombuffer(offset, "<f8")[0]))
 
 
 class UserStateFiles:

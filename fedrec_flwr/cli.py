@@ -99,12 +99,9 @@ def _run(args: argparse.Namespace) -> None:
     if args.device and not args.in_process:
         raise ConfigError(f"--device {args.device!r} applies to --in-process runs only; expected it with --in-process "
                           "(flwr runs place clients by simulation.device and simulation.num_gpus)")
-    if args.in_process or args.centralized:
-        cfg = request.config(f"seed={request.seed}")
-        if cfg.checkpoint.resume:
-            how = "--in-process" if args.in_process else "--centralized"
-            raise ConfigError(f"checkpoint.resume = true with {how}; expected it only for flwr runs ({how} runs keep "
-                              "no checkpoints, so the run would silently start afresh)")
+    if args.centralized and request.config(f"seed={request.seed}").checkpoint.resume:
+        raise ConfigError("checkpoint.resume = true with --centralized; expected it only for flwr and --in-process "
+                          "runs (--centralized runs keep no checkpoints, so the run would silently start afresh)")
     if args.in_process:
         final = _run_in_process(request, _torch_device(args.device or "cpu"))
     else:
@@ -140,14 +137,15 @@ def _run_in_process(request, device) -> dict:
     """The in-process run's final metrics and timings; SystemExit with the reason when it trained nothing."""
     import torch
 
+    from fedrec_flwr.fedgnn.checkpoint import CheckpointError
     from fedrec_flwr.inprocess import run_in_process
     from fedrec_flwr.results import RunFailed
 
     torch.set_num_threads(1)
     try:
         out = run_in_process(request.config(f"seed={request.seed}"), device)
-    except RunFailed as exc:
-        raise SystemExit(f"run failed: {exc}") from None
+    except (RunFailed, CheckpointError) as exc:  # a checkpoint that cannot be resumed fails the run, as under flwr
+        raise SystemExit(f"run failed: {type(exc).__name__ + ': ' if isinstance(exc, CheckpointError) else ''}{exc}") from None
     out.pop("history")
     return out
 

@@ -5,22 +5,31 @@ core as a `flwr run` (`fedrec_flwr.fedgnn.user`, `fedrec_flwr.fedgnn.rounds`), w
 as Python lists instead of over Flower, every user on a node of its own. Graph expansion runs as under
 `flwr run`: the same schedule, a neighbour service process on loopback (or the configured one), and each
 user talking to it over HTTP. Imports neither flwr nor ray.
+
+Checkpoints as under `flwr run`: every `checkpoint.every` training rounds the round core's state, the run's
+history and every user's stored state go to `checkpoint.dir` (default `<output_dir>/checkpoint`), and
+`checkpoint.resume = true` continues from there with the numbers the uninterrupted run gives.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
+from fedrec_flwr.config import to_dict
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.fedgnn.bindings import NodeBindings
+from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError, load_resumable
 from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
+    PHASE_TRAIN,
     ExpansionLink,
     RoundConfig,
     frame_registration,
@@ -32,6 +41,7 @@ from fedrec_flwr.fedgnn.protocol import (
 )
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
+from fedrec_flwr.fedgnn.state import UserState, decode_state, encode_state
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
 from fedrec_flwr.fedgnn.user_dp import node_update
 from fedrec_flwr.messages import NodeReply
@@ -40,10 +50,11 @@ from fedrec_flwr.neighbours.link import open_expansion_link
 from fedrec_flwr.results import RunFailed
 
 
-def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int], FedGNNUser]) -> None:
-    """Rounds before training, one node per user: popularity reports (if the sampler needs them), then registration."""
+def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int], FedGNNUser], resumed: bool = False) -> None:
+    """Rounds before training, one node per user: popularity reports (if the sampler needs them; a resumed run has
+    the published counts from its checkpoint), then registration (a resumed user keeps its stored set)."""
     devices = [user(u) for u in users]  # each built once: it reads the user's data
-    if rounds.first_round == 0:
+    if rounds.first_round == 0 and not resumed:
         rounds.popularity(0, [NodeReply(d.user, frame_users([d.user], [[d.report_popularity()]], 1)) for d in devices],
                           time.time())
     popularity = published_popularity(rounds.server.registration_download(), rounds.server.num_items)
@@ -69,6 +80,11 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
     rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1), meta.scale.high - meta.scale.low,
                                       test_ratings=meta.num_test)
     store = MemoryStore()
+    checkpointer = Checkpointer(checkpoint_folder(cfg)) if cfg.checkpoint.every or cfg.checkpoint.resume else None
+    resumed = None
+    if cfg.checkpoint.resume:
+        resumed = load_resumable(checkpointer, to_dict(cfg), meta.num_items, meta.num_users, meta.num_item_features)
+        store.states, before = in_process_resume_state(checkpointer.path, resumed, meta, cfg)
     device_cfg = DeviceSections.from_config(cfg)
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device-side model, shared by users in turn
 
@@ -79,12 +95,27 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
     user_dp = cfg.privacy.mode == "user_dp"
     if user_dp and (tamper is not None or probe is not None):
         raise ValueError("tamper and probe read per-user uploads and anonymity sets, which privacy.mode = user_dp has not")
+    done, history = 1, []  # registration is logical round 1
+    if resumed is None:
+        before = 0.0
+    else:
+        done, history = rounds.restore(resumed), list(resumed["history"])
+        print(f"[in-process] resumed from {checkpointer.path} after logical round {done} "
+              f"({rounds.train_rounds_done} training rounds done)", flush=True)
     link = open_expansion_link(cfg, meta.num_items) if cfg.expansion.mode != "none" else None
     try:
-        register_users(rounds, users, user)
+        register_users(rounds, users, user, resumed is not None)
         t_start = time.time()
-        history = _run_rounds(cfg, rounds, server, meta, users, user, link, device, log_every, probe, tamper)
-        wall = time.time() - t_start
+
+        def save_checkpoint(logical_round: int) -> None:
+            """Write the round core's state, the history so far and every user's state (after `logical_round`)."""
+            checkpointer.save({**rounds.checkpoint_state(logical_round), "history": history, "config": to_dict(cfg),
+                               "user_states": [_as_tensor(encode_state(store.states[u])) for u in users],
+                               "elapsed_seconds": before + time.time() - t_start})
+
+        _run_rounds(cfg, rounds, server, meta, users, user, link, device, log_every, probe, tamper, done + 1, history,
+                    save_checkpoint if cfg.checkpoint.every else None)
+        wall = before + time.time() - t_start
     finally:
         if link is not None and link.close_run is not None:
             link.close_run()
@@ -97,7 +128,49 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
             "wall_seconds": wall, "uploads_per_user": rounds.upload_counts(),
             "rejected": sum(h["rejected"] for h in history), "rounds_not_applied": rounds.rounds_not_applied,
             "eval_ratings": rounds.final["eval_ratings"], "test_ratings": rounds.test_ratings,
-            "eval_rejected": rounds.eval_rejections, "history": history}
+            "eval_rejected": rounds.eval_rejections, "history": history,
+            "seconds_before_resume": before}  # the rounds' wall time before this process resumed them (0: not resumed)
+
+
+def checkpoint_folder(cfg) -> Path:
+    """Where a run's checkpoints go: `checkpoint.dir`, else `<output_dir>/checkpoint` (as under flwr run)."""
+    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.output_dir) / "checkpoint"
+
+
+def _as_tensor(blob: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+
+
+def in_process_resume_state(path: Path, state: dict, meta: PartitionMeta, cfg) -> tuple[dict[int, UserState], float]:
+    """What an in-process checkpoint adds to the server's: every user's state (`user_states`: one encoded UserState
+    per user, as a uint8 tensor), each checked against the run, and the seconds the run had taken
+    (`elapsed_seconds`). CheckpointError naming the first field that does not fit."""
+    elapsed, blobs = state.get("elapsed_seconds"), state.get("user_states")
+    if not isinstance(elapsed, float) or not elapsed >= 0:
+        raise CheckpointError(f"{path}: key 'elapsed_seconds' = {elapsed!r}; expected the seconds the run had taken "
+                              "(a float >= 0): an in-process checkpoint")
+    if not isinstance(blobs, list) or len(blobs) != meta.num_users:
+        found = f"a list of {len(blobs)}" if isinstance(blobs, list) else type(blobs).__name__
+        raise CheckpointError(f"{path}: key 'user_states' is {found}; expected one encoded user state per user "
+                              f"({meta.num_users}): an in-process checkpoint")
+    dim, cap = cfg.model.dim, cfg.expansion.max_neighbours
+    states = {}
+    for u, blob in enumerate(blobs):
+        if not isinstance(blob, torch.Tensor) or blob.dtype != torch.uint8 or blob.ndim != 1:
+            raise CheckpointError(f"{path}: key 'user_states[{u}]' is not a 1-D uint8 tensor (an encoded user state)")
+        try:
+            st = decode_state(blob.numpy().tobytes())
+        except ValueError as exc:
+            raise CheckpointError(f"{path}: key 'user_states[{u}]': {exc}") from None
+        ids, nb = st.anonymity_ids, st.neighbours
+        if (st.embedding.shape != (dim,) or nb.shape[0] > cap or (nb.shape[0] and nb.shape[1] != dim)
+                or not (np.isfinite(st.embedding).all() and np.isfinite(nb).all() and np.isfinite(st.offset))
+                or ids.size == 0 or ids[0] < 0 or ids[-1] >= meta.num_items or (np.diff(ids) <= 0).any()):
+            raise CheckpointError(f"{path}: key 'user_states[{u}]' holds embedding {st.embedding.shape}, neighbours "
+                                  f"{nb.shape}, {ids.size} item ids; expected a finite [{dim}] embedding, at most {cap} "
+                                  f"neighbours of width {dim}, and sorted distinct item ids in [0, {meta.num_items})")
+        states[u] = st
+    return states, elapsed
 
 
 def expand_users(rounds: FedGNNRounds, logical: int, phase: str, users: list[int], user: Callable[[int], FedGNNUser],
@@ -111,14 +184,14 @@ def expand_users(rounds: FedGNNRounds, logical: int, phase: str, users: list[int
 
 
 def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: list[int],
-                user: Callable[[int], FedGNNUser], link: ExpansionLink | None, device, log_every: int, probe, tamper
-                ) -> list[dict]:
-    """Every logical round after registration, by the run's schedule; the records of the rounds."""
+                user: Callable[[int], FedGNNUser], link: ExpansionLink | None, device, log_every: int, probe, tamper,
+                first: int, history: list[dict], save_checkpoint: Callable[[int], None] | None) -> None:
+    """Logical rounds `first` .. the last, by the run's schedule, their records appended to `history`;
+    `save_checkpoint(round)` after every checkpoint.every-th training round but the last."""
     connected = set(users)  # node id = user id
-    history = []
     user_dp = cfg.privacy.mode == "user_dp"
     total = len(rounds.schedule)  # logical rounds 1 .. total: registration, training, expansion
-    for rnd in range(2, total + 1):
+    for rnd in range(first, total + 1):
         phase = rounds.phase(rnd)
         if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
             history.append(expand_users(rounds, rnd, phase, users, user, link, cfg.expansion.retries))
@@ -179,4 +252,6 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
             if log_every:
                 print(f"[in-process] round {rec['round']} rmse {rec['rmse']:.4f} ({rec['round_seconds']:.2f}s/round)", flush=True)
         history.append(rec)
-    return history
+        if (save_checkpoint is not None and phase == PHASE_TRAIN and rnd < total
+                and rounds.train_rounds_done % cfg.checkpoint.every == 0):
+            save_checkpoint(rnd)

@@ -213,8 +213,7 @@ def test_undecodable_uploads_and_unsampled_users_are_rejected_not_fatal(tiny_cfg
 
 
 def test_a_nodes_state_keeps_each_users_state_exactly_and_refuses_damaged_bytes():
-    from clients.user_store import decode_state, encode_state
-    from fedrec_flwr.fedgnn.state import UserState
+    from fedrec_flwr.fedgnn.state import UserState, decode_state, encode_state
 
     rng = np.random.default_rng(0)
     st = UserState(rng.random(8, dtype=np.float32), np.array([1, 5, 9]), rng.random((3, 8), dtype=np.float32),

@@ -75,7 +75,6 @@ def test_a_bad_flag_is_one_line_and_exit_2(argv, message, capsys):
     (["config", "--set", "model.colour=3"], "model.colour"),
     (["run", "--device", "cuda"], "error: --device 'cuda' applies to --in-process runs only"),
     (["run", "--in-process", "--device", "tpu9"], "error: --device 'tpu9'; expected a torch device"),
-    (["run", "--in-process", "--set", "checkpoint.resume=true"], "error: checkpoint.resume = true with --in-process"),
     (["run", "--centralized", "--set", "checkpoint.resume=true"], "error: checkpoint.resume = true with --centralized"),
 ])
 def test_a_bad_setting_is_one_line_and_exit_2(argv, message, capsys):
@@ -463,6 +462,14 @@ def test_fedrec_run_checks_a_resumed_runs_checkpoint_before_flower_starts(tmp_pa
     ckpt.path.unlink()
     with pytest.raises(SystemExit, match="federated run failed .*no checkpoint at"):
         cli_main([*tiny_run(tmp_path), "checkpoint.resume=true", "--data-dir", request.data_dir])
+
+
+def test_an_in_process_run_told_to_resume_without_a_checkpoint_fails_in_one_line(tmp_path):
+    folder = tmp_path / "nothing-here"
+    with pytest.raises(SystemExit) as stop:
+        cli_main([*tiny_run(tmp_path), "checkpoint.resume=true", f"checkpoint.dir={folder}", "--data-dir",
+                  str(tmp_path / "data"), "--in-process"])
+    assert str(stop.value) == f"run failed: CheckpointError: checkpoint.resume is set but there is no checkpoint at {folder / 'server.pt'}"
 
 
 # -- results files for summary and plot -----------------------------------------------------------------------
