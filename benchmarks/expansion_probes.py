@@ -29,7 +29,8 @@ code: the numbers are those a rerun gives), else run here. Resumable: each finis
 benchmarks/results/expansion_probes-<dataset>.json and skipped on a rerun; two processes may share a file
 (`--seeds` or `--variants` split over two cores). A cell itself checkpoints every CHECKPOINT_EVERY training
 rounds under .cache/expansion_probes/ and a rerun continues a killed cell from there, with the numbers of an
-uninterrupted run (`trainable` cannot: the neighbour service's submissions are not checkpointed).
+uninterrupted run (`trainable` cannot: the neighbour service's submissions are not checkpointed; `fixed-random`
+draws its neighbours from the service's system randomness, once, before any checkpoint).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import numpy as np
 
 from benchmarks.common import add_data_dir, in_process_record
 from fedrec_flwr.config import load_config
+from fedrec_flwr.fedgnn.checkpoint import CheckpointError
 from fedrec_flwr.fsutil import atomic_write
 
 PRESET = "fedgnn_tuned"
@@ -106,12 +108,17 @@ def neighbour_use(server, rmse, device_user) -> dict:
     return out
 
 
+def cell_name(dataset: str, variant: str, seed: int) -> str:
+    """The folder name of one cell's checkpoint."""
+    return f"{dataset}-{variant}-seed{seed}"
+
+
 def cell_checkpoint(dataset: str, variant: str, seed: int) -> list[str]:
     """The checkpoint settings of one cell: every CHECKPOINT_EVERY training rounds into its own folder, resumed
     when a killed run of it left a checkpoint there; none for `trainable`, which cannot resume."""
     if "expansion.mode=trainable" in VARIANTS[variant]:
         return []
-    folder = CHECKPOINTS / f"{dataset}-{variant}-seed{seed}"
+    folder = CHECKPOINTS / cell_name(dataset, variant, seed)
     resume = ["checkpoint.resume=true"] if (folder / "server.pt").is_file() else []
     return [f"checkpoint.dir={folder}", f"checkpoint.every={CHECKPOINT_EVERY}", *resume]
 
@@ -256,15 +263,18 @@ def main() -> None:
                     print(f"[expansion_probes] probe {json.dumps(found)}", flush=True)  # the log keeps them as they come
                     return found
 
-                record = in_process_record(cfg, log_every=1, probe=probe)
+                try:
+                    record = in_process_record(cfg, log_every=1, probe=probe)
+                except CheckpointError as exc:
+                    raise SystemExit(f"{exc}\n(a checkpoint of an earlier run of this cell that this one cannot continue: "
+                                     f"delete {cfg.checkpoint.dir} to run the cell afresh)") from None
                 record["neighbours_mean"] = mean_neighbours[-1]
-                if cfg.checkpoint.dir:
-                    shutil.rmtree(cfg.checkpoint.dir, ignore_errors=True)  # the cell is done: nothing to resume
             record.update(variant=name, seed=seed, overrides=overrides)
             if out.is_file():
                 doc["runs"] = json.loads(out.read_text())["runs"]
             doc["runs"].append(record)
             atomic_write(out, json.dumps(doc, indent=1))
+            shutil.rmtree(CHECKPOINTS / cell_name(args.dataset, name, seed), ignore_errors=True)  # saved: nothing to resume
             print(f"[expansion_probes] {args.dataset} {name} seed {seed}: test RMSE {record['final']['rmse']:.4f}",
                   flush=True)
     print(table(doc))

@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_run_selection(run)
     run.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="folder holding the datasets (default: ./data)")
     run.add_argument("--cache-dir", default="", help="partition cache (default: .cache/fedrec in the project)")
-    run.add_argument("--out", default="", help="output folder; default: outputs/<preset>-<dataset>-s<seed>")
+    run.add_argument("--out", default="", help="output folder; default: outputs/<preset>-<dataset>-s<seed> "
+                     "(--in-process: its checkpoints' folder, default output_dir)")
     run.add_argument("--seed", type=int, default=0)
     how = run.add_mutually_exclusive_group()
     how.add_argument("--centralized", action="store_true", help="train the centralized reference instead")
@@ -103,7 +104,7 @@ def _run(args: argparse.Namespace) -> None:
         raise ConfigError("checkpoint.resume = true with --centralized; expected it only for flwr and --in-process "
                           "runs (--centralized runs keep no checkpoints, so the run would silently start afresh)")
     if args.in_process:
-        final = _run_in_process(request, _torch_device(args.device or "cpu"))
+        final = _run_in_process(request, _torch_device(args.device or "cpu"), args.out)
     else:
         out = Path(args.out) if args.out else request.default_out(args.centralized)
         print(f"output folder: {out}", flush=True)
@@ -133,8 +134,9 @@ def _torch_device(name: str):
     return device
 
 
-def _run_in_process(request, device) -> dict:
-    """The in-process run's final metrics and timings; SystemExit with the reason when it trained nothing."""
+def _run_in_process(request, device, out: str) -> dict:
+    """The in-process run's final metrics and timings; SystemExit with the reason when it trained nothing or its
+    checkpoint cannot be resumed. `out`: its output folder (its checkpoints' default home), else the config's."""
     import torch
 
     from fedrec_flwr.fedgnn.checkpoint import CheckpointError
@@ -143,11 +145,13 @@ def _run_in_process(request, device) -> dict:
 
     torch.set_num_threads(1)
     try:
-        out = run_in_process(request.config(f"seed={request.seed}"), device)
-    except (RunFailed, CheckpointError) as exc:  # a checkpoint that cannot be resumed fails the run, as under flwr
-        raise SystemExit(f"run failed: {type(exc).__name__ + ': ' if isinstance(exc, CheckpointError) else ''}{exc}") from None
-    out.pop("history")
-    return out
+        result = run_in_process(request.config(f"seed={request.seed}", *([f"output_dir={out}"] if out else [])), device)
+    except RunFailed as exc:
+        raise SystemExit(f"run failed: {exc}") from None
+    except CheckpointError as exc:  # a checkpoint that cannot be resumed fails the run, as under flwr
+        raise SystemExit(f"run failed: CheckpointError: {exc}") from None
+    result.pop("history")
+    return result
 
 
 def _config(args: argparse.Namespace) -> None:

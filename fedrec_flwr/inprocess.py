@@ -13,6 +13,7 @@ history and every user's stored state go to `checkpoint.dir` (default `<output_d
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Callable
@@ -22,7 +23,6 @@ import torch
 
 from fedrec_flwr.config import to_dict
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError, load_resumable
 from fedrec_flwr.fedgnn.local_step import train_users
@@ -41,8 +41,8 @@ from fedrec_flwr.fedgnn.protocol import (
 )
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
-from fedrec_flwr.fedgnn.state import UserState, decode_state, encode_state
-from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.state import UserState, decode_state, encode_state, user_state_problem
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, own_items
 from fedrec_flwr.fedgnn.user_dp import node_update
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.models.rating_gnn import build_model
@@ -50,14 +50,15 @@ from fedrec_flwr.neighbours.link import open_expansion_link
 from fedrec_flwr.results import RunFailed
 
 
-def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int], FedGNNUser], resumed: bool = False) -> None:
+def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int], FedGNNUser],
+                   resumed: bool = False) -> None:
     """Rounds before training, one node per user: popularity reports (if the sampler needs them; a resumed run has
     the published counts from its checkpoint), then registration (a resumed user keeps its stored set)."""
     devices = [user(u) for u in users]  # each built once: it reads the user's data
     if rounds.first_round == 0 and not resumed:
         rounds.popularity(0, [NodeReply(d.user, frame_users([d.user], [[d.report_popularity()]], 1)) for d in devices],
                           time.time())
-    popularity = published_popularity(rounds.server.registration_download(), rounds.server.num_items)
+    popularity = None if resumed else published_popularity(rounds.server.registration_download(), rounds.server.num_items)
     rounds.register(1, [NodeReply(d.user, frame_registration([d.user], [d.register(popularity)], [d.test_count]))
                         for d in devices], time.time())
 
@@ -73,6 +74,8 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
     table, or (neighbours=False) with their expansion neighbours left out of their graphs; `device_user(u)` is
     user u's device, holding a copy of its state.
     `tamper(user, round, upload)`, if given, replaces each user's protected upload (poisoning benchmarks).
+    Checkpoints and resumes by the config's `checkpoint` section (see the module's docstring); a resumed run's
+    result has `resumed`: the logical round it continued after and the seconds its rounds had taken.
     """
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
@@ -83,8 +86,10 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
     checkpointer = Checkpointer(checkpoint_folder(cfg)) if cfg.checkpoint.every or cfg.checkpoint.resume else None
     resumed = None
     if cfg.checkpoint.resume:
-        resumed = load_resumable(checkpointer, to_dict(cfg), meta.num_items, meta.num_users, meta.num_item_features)
-        store.states, before = in_process_resume_state(checkpointer.path, resumed, meta, cfg)
+        resumed = load_resumable(checkpointer, to_dict(cfg), meta.num_items, meta.num_users, meta.num_item_features,
+                                 in_process=True)
+        rounds.check_resume_point(checkpointer.path, resumed)
+        store.states = checkpointed_users(checkpointer.path, resumed, parts, cfg, server.min_rows())
     device_cfg = DeviceSections.from_config(cfg)
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device-side model, shared by users in turn
 
@@ -95,13 +100,13 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
     user_dp = cfg.privacy.mode == "user_dp"
     if user_dp and (tamper is not None or probe is not None):
         raise ValueError("tamper and probe read per-user uploads and anonymity sets, which privacy.mode = user_dp has not")
-    done, history = 1, []  # registration is logical round 1
-    if resumed is None:
-        before = 0.0
-    else:
-        done, history = rounds.restore(resumed), list(resumed["history"])
-        print(f"[in-process] resumed from {checkpointer.path} after logical round {done} "
-              f"({rounds.train_rounds_done} training rounds done)", flush=True)
+    done, history, before = 1, [], 0.0  # registration is logical round 1
+    if resumed is not None:
+        history, before = checkpointed_history(checkpointer.path, resumed, len(rounds.schedule))
+        done = rounds.restore(resumed)
+        if log_every:
+            print(f"[in-process] resumed from {checkpointer.path} after logical round {done} "
+                  f"({rounds.train_rounds_done} training rounds done)", flush=True)
     link = open_expansion_link(cfg, meta.num_items) if cfg.expansion.mode != "none" else None
     try:
         register_users(rounds, users, user, resumed is not None)
@@ -129,11 +134,12 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
             "rejected": sum(h["rejected"] for h in history), "rounds_not_applied": rounds.rounds_not_applied,
             "eval_ratings": rounds.final["eval_ratings"], "test_ratings": rounds.test_ratings,
             "eval_rejected": rounds.eval_rejections, "history": history,
-            "seconds_before_resume": before}  # the rounds' wall time before this process resumed them (0: not resumed)
+            "resumed": None if resumed is None else {"after_round": resumed["logical_round"], "seconds_before": before}}
 
 
 def checkpoint_folder(cfg) -> Path:
-    """Where a run's checkpoints go: `checkpoint.dir`, else `<output_dir>/checkpoint` (as under flwr run)."""
+    """Where an in-process run's checkpoints go: `checkpoint.dir`, else `<output_dir>/checkpoint`, relative to the
+    working directory (flwr runs read a relative one against the project)."""
     return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.output_dir) / "checkpoint"
 
 
@@ -141,36 +147,49 @@ def _as_tensor(blob: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
 
 
-def in_process_resume_state(path: Path, state: dict, meta: PartitionMeta, cfg) -> tuple[dict[int, UserState], float]:
-    """What an in-process checkpoint adds to the server's: every user's state (`user_states`: one encoded UserState
-    per user, as a uint8 tensor), each checked against the run, and the seconds the run had taken
-    (`elapsed_seconds`). CheckpointError naming the first field that does not fit."""
-    elapsed, blobs = state.get("elapsed_seconds"), state.get("user_states")
-    if not isinstance(elapsed, float) or not elapsed >= 0:
+def checkpointed_history(path: Path, state: dict, total: int) -> tuple[list[dict], float]:
+    """The round records and wall seconds an in-process checkpoint holds, checked: one record per logical round
+    after registration up to the checkpoint's (before the run's last), each with its seconds."""
+    done, history, elapsed = state["logical_round"], state["history"], state.get("elapsed_seconds")
+    if done >= total:
+        raise CheckpointError(f"{path}: key 'logical_round' = {done}; expected a round before this run's last ({total})")
+    if len(history) != done - 1 or not all(isinstance(h.get("round_seconds"), float) for h in history):
+        raise CheckpointError(f"{path}: key 'history' holds {len(history)} records; expected {done - 1}, one per logical "
+                              f"round from 2 to {done}, each with its round_seconds")
+    if not isinstance(elapsed, float) or not (math.isfinite(elapsed) and elapsed >= 0):
         raise CheckpointError(f"{path}: key 'elapsed_seconds' = {elapsed!r}; expected the seconds the run had taken "
-                              "(a float >= 0): an in-process checkpoint")
+                              "(a finite float >= 0)")
+    return list(history), elapsed
+
+
+def checkpointed_users(path: Path, state: dict, parts: UserPartitions, cfg, min_rows: int) -> dict[int, UserState]:
+    """Every user's state from an in-process checkpoint (`user_states`: one encoded UserState per user, as a
+    uint8 tensor), each checked against the run and its user (`state.user_state_problem`) and their handles
+    distinct: CheckpointError naming the first that does not fit."""
+    blobs, meta = state["user_states"], parts.meta
     if not isinstance(blobs, list) or len(blobs) != meta.num_users:
         found = f"a list of {len(blobs)}" if isinstance(blobs, list) else type(blobs).__name__
         raise CheckpointError(f"{path}: key 'user_states' is {found}; expected one encoded user state per user "
-                              f"({meta.num_users}): an in-process checkpoint")
-    dim, cap = cfg.model.dim, cfg.expansion.max_neighbours
-    states = {}
+                              f"({meta.num_users})")
+    cap = cfg.expansion.max_neighbours if cfg.expansion.mode != "none" else 0
+    states, handles = {}, set()
     for u, blob in enumerate(blobs):
-        if not isinstance(blob, torch.Tensor) or blob.dtype != torch.uint8 or blob.ndim != 1:
-            raise CheckpointError(f"{path}: key 'user_states[{u}]' is not a 1-D uint8 tensor (an encoded user state)")
+        if not isinstance(blob, torch.Tensor) or blob.layout != torch.strided or blob.dtype != torch.uint8 or blob.ndim != 1:
+            raise CheckpointError(f"{path}: key 'user_states[{u}]' is not a dense 1-D uint8 tensor (an encoded user state)")
         try:
             st = decode_state(blob.numpy().tobytes())
         except ValueError as exc:
             raise CheckpointError(f"{path}: key 'user_states[{u}]': {exc}") from None
-        ids, nb = st.anonymity_ids, st.neighbours
-        if (st.embedding.shape != (dim,) or nb.shape[0] > cap or (nb.shape[0] and nb.shape[1] != dim)
-                or not (np.isfinite(st.embedding).all() and np.isfinite(nb).all() and np.isfinite(st.offset))
-                or ids.size == 0 or ids[0] < 0 or ids[-1] >= meta.num_items or (np.diff(ids) <= 0).any()):
-            raise CheckpointError(f"{path}: key 'user_states[{u}]' holds embedding {st.embedding.shape}, neighbours "
-                                  f"{nb.shape}, {ids.size} item ids; expected a finite [{dim}] embedding, at most {cap} "
-                                  f"neighbours of width {dim}, and sorted distinct item ids in [0, {meta.num_items})")
+        problem = user_state_problem(st, dim=cfg.model.dim, num_items=meta.num_items, own=own_items(parts.user(u)),
+                                     min_rows=min_rows, user_dp=cfg.privacy.mode == "user_dp", max_neighbours=cap,
+                                     offset=cfg.model.user_offset)
+        if problem is None and st.handle in handles:
+            problem = "the handle of another user; expected its own"
+        if problem is not None:
+            raise CheckpointError(f"{path}: key 'user_states[{u}]' holds {problem}")
         states[u] = st
-    return states, elapsed
+        handles.add(st.handle)
+    return states
 
 
 def expand_users(rounds: FedGNNRounds, logical: int, phase: str, users: list[int], user: Callable[[int], FedGNNUser],

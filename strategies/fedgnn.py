@@ -92,6 +92,7 @@ class FedGNNStrategy(Strategy):
     def _resume(self) -> None:
         state = load_resumable(self.checkpointer, to_dict(self.cfg), self.server.num_items, self.bindings.num_users,
                                self.server.num_item_features)
+        self.rounds.check_resume_point(self.checkpointer.path, state)
         done = self.rounds.restore(state)
         self.offset = done - 1
         self.resumed_from = self.last_checkpoint = done

@@ -145,6 +145,17 @@ def test_resume_refuses_a_checkpoint_from_another_config(tiny_cfg, tmp_path):
         FedGNNStrategy(cfg, 80, 3.0, None, 60, rating_span=4.0)
 
 
+def test_a_flwr_run_refuses_to_resume_from_an_in_process_checkpoint(tiny_cfg, tmp_path):
+    """Its users' states are in the file, not on the devices: resumed by flwr, every user would start afresh."""
+    from fedrec_flwr.inprocess import run_in_process
+
+    run_in_process(tiny_cfg(*SMALL, "checkpoint.every=3", f"output_dir={tmp_path}"), log_every=0)
+    cfg = tiny_cfg(*SMALL, "checkpoint.every=3", f"output_dir={tmp_path}", "checkpoint.resume=true")
+    with pytest.raises(ValueError, match="was written by an in-process run, whose users' states are in the file; "
+                                         "resume it with fedrec run --in-process"):
+        FedGNNStrategy(cfg, 80, 3.0, None, 60, rating_span=4.0)
+
+
 def test_injected_crashes_and_malformed_uploads_do_not_stop_training(tiny_cfg):
     cfg = tiny_cfg(*SMALL, "faults.crash=0.2", "faults.malformed=0.1")
     strategy = _run(cfg, per_node=1)

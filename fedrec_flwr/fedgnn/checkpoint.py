@@ -291,10 +291,16 @@ def config_diff(now: dict[str, Any], then: dict[str, Any]) -> list[str]:
 
 
 def load_resumable(checkpointer: "Checkpointer", cfg: dict, num_items: int, num_users: int,
-                   num_item_features: int) -> dict:
-    """The checkpoint's state, once it is known to be this run's: CheckpointError if it was written with another
-    config (by section) or its shapes differ from what this run's config and dataset give."""
+                   num_item_features: int, in_process: bool = False) -> dict:
+    """The checkpoint's state, once it is known to be this run's: CheckpointError if it was written by the other
+    kind of run (an in-process checkpoint holds its users' states, `user_states`; a flwr run's users keep theirs on
+    their devices), with another config (by section), or its shapes differ from what this run's config and
+    dataset give."""
     state = checkpointer.load()  # every field's type, and the shapes its own config describes
+    if in_process != ("user_states" in state):
+        written, resume = ("a flwr run", "flwr run") if in_process else ("an in-process run", "fedrec run --in-process")
+        raise CheckpointError(f"checkpoint {checkpointer.path} was written by {written}, whose users' states "
+                              f"{'are on the devices' if in_process else 'are in the file'}; resume it with {resume}")
     if diff := config_diff(cfg, state["config"]):
         raise CheckpointError(f"checkpoint {checkpointer.folder} was written with a different config (sections {diff})")
     check_shapes(checkpointer.path, state, StateShapes.of(cfg, num_items, num_users, num_item_features,

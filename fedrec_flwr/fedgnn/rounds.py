@@ -42,6 +42,7 @@ from fedrec_flwr.data.types import RatingScale
 from fedrec_flwr.fedgnn.accounting import LDPAccountant, UserDPAccountant, epsilon_per_coordinate, sample_rate
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
+from fedrec_flwr.fedgnn.checkpoint import CheckpointError
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_POPULARITY,
@@ -484,6 +485,28 @@ class FedGNNRounds:
                 "history": history, "rejections": [list(r) for r in self.rejections],
                 **self.accountant.state(), **(self.user_dp.state() if self.user_dp is not None else {}),
                 "eval_rejected": self.eval_rejections}
+
+    def check_resume_point(self, path, state: dict) -> None:
+        """CheckpointError unless the checkpoint was written after a training round of this run's schedule, with the
+        training rounds the schedule has up to there done and (user_dp) a noise ledger of at most that many released
+        sums (a round whose secure aggregation failed releases none): a resumed run must continue the schedule and
+        the privacy ledger where they stopped."""
+        done, trained = state["logical_round"], state["train_rounds_done"]
+        if not 2 <= done <= len(self.schedule) or self.phase(done) != PHASE_TRAIN:
+            raise CheckpointError(f"{path}: key 'logical_round' = {done}; expected a training round of this run's "
+                                  f"schedule (logical rounds 2 .. {len(self.schedule)})")
+        want = self.schedule[:done].count(PHASE_TRAIN)
+        if trained != want:
+            raise CheckpointError(f"{path}: key 'train_rounds_done' = {trained}; expected {want}, the training rounds "
+                                  f"of this run's schedule up to logical round {done}")
+        if self.user_dp is None:
+            return
+        if "user_dp_noise" not in state:
+            raise CheckpointError(f"{path}: no key 'user_dp_noise'; expected the user-level privacy ledger of this "
+                                  "privacy.mode = user_dp run")
+        if (released := sum(r for _, r in state["user_dp_noise"])) > want:
+            raise CheckpointError(f"{path}: key 'user_dp_noise' accounts for {released} released sums; expected at most "
+                                  f"{want}, one per training round")
 
     def restore(self, state: dict) -> int:
         """Continue from a checkpoint's state; returns the logical round it was written after."""

@@ -19,7 +19,7 @@ from fedrec_flwr.config import AppConfig, LocalTrainingConfig, ModelConfig, Priv
 from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.fedgnn.protocol import ExpansionLink, RoundConfig
-from fedrec_flwr.fedgnn.state import UserState
+from fedrec_flwr.fedgnn.state import HANDLE_BYTES, UserState
 from fedrec_flwr.metrics import ErrorSums, squared_error_sum
 from fedrec_flwr.models.dense_star import DenseStars, dense_predict
 from fedrec_flwr.models.rating_gnn import RatingGNN, build_model, row_width
@@ -120,7 +120,7 @@ def init_user_state(cfg: DeviceSections, meta: PartitionMeta, data: UserData, po
                                        inclusion_odds(popularity, meta.num_users))
     else:
         pseudo = sample_pseudo_items(rng, meta.num_items, own, num_pseudo(p.pseudo_items, own.size, meta.num_items - own.size))
-    handle = rng.bytes(16).hex()  # private randomness: the service cannot link it to the user id
+    handle = rng.bytes(HANDLE_BYTES).hex()  # private randomness: the service cannot link it to the user id
     return UserState(emb, np.union1d(own, pseudo).astype(np.int64), np.zeros((0, cfg.model.dim), np.float32), handle,
                      initial_offset(cfg.model, meta, data))
 
