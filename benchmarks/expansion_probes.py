@@ -285,7 +285,7 @@ def main() -> None:
                 try:
                     record = in_process_record(cfg, log_every=1, probe=probe)
                 except CheckpointError as exc:
-                    raise SystemExit(f"{exc}\n(a checkpoint of an earlier run of this cell that this one cannot continue: "
+                    raise SystemExit(f"{exc} (left by an earlier run of this cell, which this one cannot continue: "
                                      f"delete {cfg.checkpoint.dir} to run the cell afresh)") from None
                 record["neighbours_mean"] = mean_neighbours[-1]
             record.update(variant=name, seed=seed, overrides=overrides)
