@@ -20,6 +20,7 @@ from fedrec_flwr.data import (
     prepare_partitions,
 )
 from fedrec_flwr.data.node_files import load_domain_file, load_user_file
+from fedrec_flwr.fedgnn.checkpoint import checkpoint_folder
 from fedrec_flwr.logs import configure_console_logging
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def state_files(cfg: AppConfig, node_config) -> UserStateFiles | None:
     if node_config.get("state-dir"):
         return UserStateFiles(Path(str(node_config["state-dir"])))
     if cfg.checkpoint.every or cfg.checkpoint.resume:
-        return UserStateFiles(Path(cfg.checkpoint.dir or Path(cfg.output_dir) / "checkpoint") / "clients")
+        return UserStateFiles(checkpoint_folder(cfg) / "clients")
     return None
 
 

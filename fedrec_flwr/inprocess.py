@@ -24,7 +24,7 @@ import torch
 from fedrec_flwr.config import to_dict
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.bindings import NodeBindings
-from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError, load_resumable
+from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError, checkpoint_folder, load_resumable
 from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
@@ -135,12 +135,6 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
             "eval_ratings": rounds.final["eval_ratings"], "test_ratings": rounds.test_ratings,
             "eval_rejected": rounds.eval_rejections, "history": history,
             "resumed": None if resumed is None else {"after_round": resumed["logical_round"], "seconds_before": before}}
-
-
-def checkpoint_folder(cfg) -> Path:
-    """Where an in-process run's checkpoints go: `checkpoint.dir`, else `<output_dir>/checkpoint`, relative to the
-    working directory (flwr runs read a relative one against the project)."""
-    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.output_dir) / "checkpoint"
 
 
 def _as_tensor(blob: bytes) -> torch.Tensor:

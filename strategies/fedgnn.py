@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -22,7 +21,7 @@ from flwr.server.strategy import Strategy
 
 from fedrec_flwr.config import AppConfig, to_dict
 from fedrec_flwr.fedgnn.bindings import bindings_for
-from fedrec_flwr.fedgnn.checkpoint import Checkpointer, load_resumable
+from fedrec_flwr.fedgnn.checkpoint import Checkpointer, checkpoint_folder, load_resumable
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
@@ -61,7 +60,7 @@ class FedGNNStrategy(Strategy):
         self.expansion = expansion
         if cfg.expansion.mode != "none" and expansion is None:
             raise ValueError(f"expansion.mode = {cfg.expansion.mode!r} needs a neighbour service link")
-        self.checkpointer = Checkpointer(cfg.checkpoint.dir or Path(cfg.output_dir) / "checkpoint")
+        self.checkpointer = Checkpointer(checkpoint_folder(cfg))
         self.offset = self.rounds.first_round - 1  # logical round = Flower round + offset
         self.resumed_from = -1
         self.last_checkpoint = 0

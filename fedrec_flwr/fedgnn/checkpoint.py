@@ -34,6 +34,12 @@ RESUME_FREE = ("checkpoint", "output_dir", "faults")
 _ALWAYS_BUILT = 2**24  # values of a model the loader builds to compare shapes, whatever the file holds (64 MiB)
 
 
+def checkpoint_folder(cfg) -> Path:
+    """Where a run's checkpoints go: `checkpoint.dir`, else `<output_dir>/checkpoint` (a relative one is read
+    against the working directory; `fedrec run` resolves a flwr run's against the project first)."""
+    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.output_dir) / "checkpoint"
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and what was expected."""
 
