@@ -190,7 +190,55 @@ def table(doc: dict) -> str:
                      + (f"{share:.3f}" if share is not None else "") + " | "
                      + f"{statistics.mean(r.get('neighbours_mean', 0.0) for r in runs):.1f} | "
                      + f"{statistics.median(r['wall_seconds'] for r in runs):.0f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", per_seed_table(doc)])
+
+
+def paired_interval(diffs: list[float]) -> tuple[float, float]:
+    """The 95% Student-t interval of the mean of paired differences (one per seed): whether a variant's effect
+    against `none` is told apart from zero by the seeds measured, not just by its mean."""
+    from scipy import stats
+
+    half = stats.t.ppf(0.975, len(diffs) - 1) * statistics.stdev(diffs) / len(diffs) ** 0.5
+    return statistics.mean(diffs) - half, statistics.mean(diffs) + half
+
+
+def per_seed_table(doc: dict) -> str:
+    """Markdown: per expansion cell, its difference from `none` of the same seed (final and tail) and what leaving
+    its neighbours out costs the same model (tail); every other variant also against `fixed` of the same seed, the
+    protocol it changes (the same sampled users, but for `fixed-refresh-K` after its first refresh); per variant with
+    two or more paired seeds, the 95% interval of the mean tail difference from `none`."""
+    rounds = doc["rounds"]
+    base = {r["seed"]: r for r in doc["runs"] if r["variant"] == "none"}
+    fixed = {r["seed"]: r for r in doc["runs"] if r["variant"] == "fixed"}
+    lines = ["| variant | seed | - none, final | - none, tail | - fixed, final | - fixed, tail "
+             "| without neighbours - with, tail |", "|---|---|---|---|---|---|---|"]
+    intervals = []
+    for name in VARIANTS:
+        runs = sorted((r for r in doc["runs"] if r["variant"] == name and name != "none"), key=lambda r: r["seed"])
+        tails = []
+        for r in runs:
+            tail = tail_mean(r["rmse_by_round"], rounds)
+            without = r.get("probes", {}).get("rmse_without_neighbours")
+            used = f"{tail_mean(without, rounds) - tail:+.4f}" if without else ""
+            cells = []
+            for ref in (base, fixed if name != "fixed" else {}):
+                other = ref.get(r["seed"])
+                cells += ["", ""] if other is None else [
+                    f"{r['final']['rmse'] - other['final']['rmse']:+.4f}",
+                    f"{tail - tail_mean(other['rmse_by_round'], rounds):+.4f}"]
+            if r["seed"] in base:
+                tails.append(tail - tail_mean(base[r["seed"]]["rmse_by_round"], rounds))
+            lines.append(f"| {name} | {r['seed']} | {' | '.join(cells)} | {used} |")
+        if len(tails) > 1:
+            low, high = paired_interval(tails)
+            intervals.append(f"{name} - none, tail, {len(tails)} seeds: {statistics.mean(tails):+.4f} "
+                             f"(95% t interval {low:+.4f} ... {high:+.4f})")
+    nones = list(base.values())
+    spread = ""
+    if len(nones) > 1:
+        spread = (f"none's seed spread (std): {statistics.stdev(r['final']['rmse'] for r in nones):.4f} final, "
+                  f"{statistics.stdev(tail_mean(r['rmse_by_round'], rounds) for r in nones):.4f} tail")
+    return "\n".join(lines + [""] + intervals + ([spread] if spread else []))
 
 
 def plot(doc: dict, path: Path) -> None:
