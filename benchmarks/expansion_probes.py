@@ -252,8 +252,9 @@ def plot(doc: dict, path: Path) -> None:
 
     none = {r["seed"]: r["rmse_by_round"] for r in doc["runs"] if r["variant"] == "none"}
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    palette = plt.get_cmap("tab20")  # 20 distinct colours: one per cell, where the default cycle repeats after 10
     for i, r in enumerate(sorted((r for r in doc["runs"] if r["variant"] != "none"), key=lambda r: (r["variant"], r["seed"]))):
-        color, label = f"C{i % 10}", f"{r['variant']}, seed {r['seed']}"
+        color, label = palette(i % 20), f"{r['variant']}, seed {r['seed']}"
         base = none.get(r["seed"], {})
         probes = r.get("probes", {})
         for key, curve, ls in (("rmse", r["rmse_by_round"], "-"), ("without", probes.get("rmse_without_neighbours", {}), ":")):
