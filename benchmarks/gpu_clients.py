@@ -43,7 +43,8 @@ def fedgnn_clients_per_second(device: torch.device, users: int, rounds: int, cac
     """Median clients/s of FedGNN training rounds with users and server on `device`."""
     cfg = load_config("fedgnn_paper", "synthetic", [
         f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", *ML10M_SHAPE,
-        f"federation.rounds={rounds}", f"federation.eval_every={rounds}", *overrides,
+        f"federation.rounds={rounds}", f"federation.eval_every={rounds}",
+        f"simulation.device_secrets={Path(cache_dir) / 'device-secrets'}", *overrides,  # CPU and CUDA: the same draws
     ])
     out = run_in_process(cfg, device, log_every=0, server_device=device)
     secs = [h["round_seconds"] for h in out["history"]][1:] or [out["median_round_seconds"]]

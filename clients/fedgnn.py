@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from flwr.client import NumPyClient
 
+from clients.privacy_guard import DeviceTerms
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
@@ -35,16 +36,20 @@ from fedrec_flwr.fedgnn.protocol import (
 )
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, UserStore
 from fedrec_flwr.models.rating_gnn import build_model
+from fedrec_flwr.privacy.device_secret import DeviceSecret
 
 
 class FedGNNClient(NumPyClient):
     """The users hosted on one node; `load_user(u)` gives a user's data, `store` their saved states."""
 
     def __init__(self, cfg: AppConfig, meta: PartitionMeta, user_ids: list[int], load_user: Callable[[int], UserData],
-                 store: UserStore, device: torch.device | None = None):
+                 store: UserStore, device: torch.device | None = None, *, secret: DeviceSecret, terms: DeviceTerms | None = None):
+        """`secret`: the device's own (`client_app.device_secret`), never the run config's; `terms`: what the device
+        computed for itself about a user-DP run (q and its noise share; required in that mode)."""
         self.cfg, self.meta, self.user_ids, self.load_user, self.store = cfg, meta, list(user_ids), load_user, store
         self._hosted = set(self.user_ids)
-        self.device_cfg = DeviceSections.from_config(cfg)  # the sections each hosted user reads
+        self.device_cfg = DeviceSections.from_config(cfg, secret)  # the sections each hosted user reads
+        self.terms = terms
         self.device = device or torch.device("cpu")
         self.model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one copy, shared by the hosted users in turn
 
@@ -92,10 +97,11 @@ class FedGNNClient(NumPyClient):
         num_examples is 1 so that SecAgg+'s weighted mean over nodes times their number is the plain sum."""
         from fedrec_flwr.fedgnn.user_dp import node_update
 
+        if self.terms is None:
+            raise ValueError("a user-DP round on a node without its own privacy terms (clients.privacy_guard.DeviceTerms)")
         weights, table, _ = split_table_download(parameters, self.num_weights)  # every hosted user is asked
-        f = self.cfg.federation
         vector = node_update([self._user(u) for u in self.user_ids], weights, table, rc.round, rc,
-                             self.cfg.simulation.user_batch, self.meta.num_users, f.clients_per_round, f.rounds)
+                             self.cfg.simulation.user_batch, self.terms.q, self.terms.share_std)
         return vector, 1, {"phase": PHASE_TRAIN, "users": len(self.user_ids)}
 
     def evaluate(self, parameters, config):

@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="", help="output folder; default: outputs/<preset>-<dataset>-s<seed> "
                      "(--in-process: its checkpoints' folder, default output_dir)")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--device-secrets", default="", metavar="FILE",
+                     help="fix the simulated devices' secrets to FILE (created if missing, mode 600) so the run replays "
+                          "bit for bit; default: each device draws its own, fresh (simulation.device_secrets)")
     how = run.add_mutually_exclusive_group()
     how.add_argument("--centralized", action="store_true", help="train the centralized reference instead")
     how.add_argument("--in-process", action="store_true", help="FedGNN's round core in this process, no Flower")
@@ -94,9 +97,11 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> None:
     from fedrec_flwr.runner import ROOT, RunRequest, run_centralized_reference, run_federated
 
+    overrides = parse_overrides(" ".join(args.set))
+    if args.device_secrets:
+        overrides.append(f"simulation.device_secrets={Path(args.device_secrets).resolve()}")
     request = RunRequest(args.preset, args.dataset, args.seed, args.data_dir,
-                         args.cache_dir or str(ROOT / ".cache" / "fedrec"), tuple(parse_overrides(" ".join(args.set))),
-                         debug=args.debug)
+                         args.cache_dir or str(ROOT / ".cache" / "fedrec"), tuple(overrides), debug=args.debug)
     if args.device and not args.in_process:
         raise ConfigError(f"--device {args.device!r} applies to --in-process runs only; expected it with --in-process "
                           "(flwr runs place clients by simulation.device and simulation.num_gpus)")

@@ -7,9 +7,11 @@ import logging
 from pathlib import Path
 
 import torch
+from flwr.app import ConfigRecord
 from flwr.client import ClientApp
 from flwr.common import Context
 
+from clients.privacy_guard import STATE_KEY, DeviceTerms, privacy_guard
 from clients.user_store import DomainStateStore, NodeStateStore, UserStateFiles
 from fedrec_flwr.algorithms import get_algorithm
 from fedrec_flwr.config import AppConfig, from_run_config
@@ -22,6 +24,7 @@ from fedrec_flwr.data import (
 from fedrec_flwr.data.node_files import load_domain_file, load_user_file
 from fedrec_flwr.fedgnn.checkpoint import checkpoint_folder
 from fedrec_flwr.logs import configure_console_logging
+from fedrec_flwr.privacy.device_secret import DeviceSecret
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,71 @@ def state_files(cfg: AppConfig, node_config) -> UserStateFiles | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
+def _fixed_secret(path: str) -> DeviceSecret:
+    return DeviceSecret.load_or_create(path)
+
+
+def device_secret(cfg: AppConfig, context: Context) -> DeviceSecret:
+    """The secret this device draws its privacy randomness from; never sent, never in the run config.
+
+    - a node with a `state-dir` (a deployed device): `<state-dir>/device-secret`, drawn from the OS at its first start;
+    - a simulated node of a run with `simulation.device_secrets` (the experimenter's file): that secret, so the run
+      replays bit for bit (each user's streams are keyed by its id as well, so users never share a stream);
+    - otherwise: one drawn from the OS at the node's first message and kept in its node state for the run.
+    A deployed node (`user-id` or `data-path` in its node config) never reads a path from the run config, which the
+    server writes."""
+    nc = context.node_config
+    if nc.get("state-dir"):
+        return DeviceSecret.load_or_create(Path(str(nc["state-dir"])) / "device-secret")
+    deployed = "user-id" in nc or bool(nc.get("data-path"))
+    if cfg.simulation.device_secrets and not deployed:
+        return _fixed_secret(str(Path(cfg.simulation.device_secrets).resolve()))
+    rec = context.state.config_records.get(STATE_KEY) or ConfigRecord({})
+    if "secret" not in rec:
+        rec["secret"] = DeviceSecret.fresh().hex_for_node_state()
+        context.state.config_records[STATE_KEY] = rec
+    return DeviceSecret.from_node_state(str(rec["secret"]))
+
+
+@functools.lru_cache(maxsize=8)
+def _run_sigma(cfg_key: tuple, num_users: int) -> float:
+    from fedrec_flwr.fedgnn.accounting import run_noise_multiplier
+
+    cfg = _config(cfg_key)
+    return run_noise_multiplier(cfg.privacy, cfg.federation.clients_per_round, num_users, cfg.federation.rounds)
+
+
+def device_terms(context: Context) -> DeviceTerms:
+    """What this device computes for itself about a user-DP run (`clients.privacy_guard.DeviceTerms`): its policy
+    (the node config's limits in a deployment, the run's own settings in a simulation), q and sigma from the run's
+    config and its own count of users, and the noise floor K."""
+    from fedrec_flwr.fedgnn.accounting import sample_rate
+    from fedrec_flwr.fedgnn.device_policy import DevicePolicy, floor_nodes
+
+    key = _key(context)
+    cfg = _config(key)
+    nc = context.node_config
+    if nc.get("data-path"):  # deployment: one user per node, the population from the device's own catalogue
+        num_users = _user_file(str(nc["data-path"]))[0].num_users
+        nodes = num_users
+    else:
+        num_users = _partitions(key).meta.num_users
+        nodes = -(-num_users // cfg.simulation.users_per_node)
+    sigma = _run_sigma(key, num_users)
+    deployed = "user-id" in nc or bool(nc.get("data-path"))
+    policy = DevicePolicy.from_node_config(nc) if deployed else DevicePolicy.from_run(cfg.privacy, sigma)
+    floor = max(policy.floor_nodes(nodes), floor_nodes(cfg.privacy.min_node_fraction, nodes))
+    ledger = Path(str(nc["state-dir"])) / "privacy-ledger.json" if nc.get("state-dir") else None
+    return DeviceTerms(policy, sample_rate(cfg.federation.clients_per_round, num_users), sigma, cfg.privacy.clip_norm,
+                       floor, ledger)
+
+
+@functools.lru_cache(maxsize=2)
+def _user_file(path: str):
+    return load_user_file(path)
+
+
 def client_fn(context: Context):
     """Build the client of the users (or domain) this node serves, for the configured algorithm."""
     torch.set_num_threads(1)
@@ -126,13 +194,15 @@ def fedgnn_client(cfg: AppConfig, context: Context, device: torch.device):
     from clients.fedgnn import FedGNNClient
 
     store = NodeStateStore(context.state, state_files(cfg, context.node_config))
+    secret = device_secret(cfg, context)
+    terms = device_terms(context) if cfg.privacy.mode == "user_dp" else None
     if context.node_config.get("data-path"):  # deployment: this node's own file, nothing else
         meta, data = load_user_file(str(context.node_config["data-path"]))
-        client = FedGNNClient(cfg, meta, [data.user], lambda u: data, store, device)
+        client = FedGNNClient(cfg, meta, [data.user], lambda u: data, store, device, secret=secret, terms=terms)
     else:
         parts = _partitions(_key(context))
         users = users_of(context.node_config, cfg.simulation.users_per_node, parts.meta.num_users)
-        client = FedGNNClient(cfg, parts.meta, users, parts.user, store, device)
+        client = FedGNNClient(cfg, parts.meta, users, parts.user, store, device, secret=secret, terms=terms)
     return with_faults(client, cfg.faults, cfg.seed).to_client()
 
 
@@ -147,4 +217,12 @@ def optional_secaggplus_mod(msg, context: Context, call_next):
     return secaggplus_mod(msg, context, call_next)
 
 
-app = ClientApp(client_fn=client_fn, mods=[optional_secaggplus_mod])
+def guard_if_user_dp(msg, context: Context, call_next):
+    """The device's privacy guard (`clients.privacy_guard`) around SecAgg+ in user-DP runs."""
+    if _config(_key(context)).privacy.mode != "user_dp":
+        return call_next(msg, context)
+    return _GUARD(msg, context, call_next)
+
+
+_GUARD = privacy_guard(device_terms)
+app = ClientApp(client_fn=client_fn, mods=[guard_if_user_dp, optional_secaggplus_mod])

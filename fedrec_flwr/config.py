@@ -142,9 +142,14 @@ class PrivacyConfig:
     # (0: no limit, with noise_multiplier > 0)
     target_epsilon: float = ranged(8.0, _NON_NEGATIVE)
     # user_dp: SecAgg+ key shares per node as a fraction of the nodes (1.0: every node) and the fraction of
-    # a node's shares that must survive to unmask it
+    # a node's shares that must survive to unmask it: at least 2/3, or devices refuse the round (a server that
+    # tells nodes different dropout lists can unmask a node below it; fedrec_flwr/fedgnn/device_policy.py)
     secagg_shares: float = ranged(1.0, Range(0, 1, open_low=True, text="0 < fraction <= 1"))
-    secagg_threshold: float = ranged(0.5, Range(0, 1, open_low=True, text="0 < fraction <= 1"))
+    secagg_threshold: float = ranged(0.7, Range(0, 1, open_low=True, text="0 < fraction <= 1"))
+    # user_dp: the noise floor. Each node's noise share is sized for this fraction of the run's nodes (and at
+    # least 3) reporting, and devices refuse a secure sum with fewer, so no dropout releases a sum with less
+    # noise than sigma C; with every node reporting the sum carries sigma / sqrt(fraction) (charged so)
+    min_node_fraction: float = ranged(0.8, Range(0, 1, open_low=True, text="0 < fraction <= 1"))
 
     pseudo_items: int = ranged(1000, _NON_NEGATIVE)  # M: the uniform sampler draws max(M, K) pseudo items for K own items
     # "uniform": pseudo items uniformly among the unrated items (the paper); "popularity": in every
@@ -226,6 +231,11 @@ class SimulationConfig:
     # false: the ServerApp drops Flower's own INFO lines of every round and its end-of-run History dump
     # (fedrec_flwr.logs), leaving one `[fedgnn]` / `[fppdm]` line per round; true: show them (also in a deployment)
     flower_logs: bool = False
+    # the simulated devices' secrets, the source of every privacy draw: "" (default) each simulated device draws
+    # its own from the OS, fresh every run; a file path (64 hex characters, mode 600; created if missing): every
+    # simulated device derives its secret from it, so the run replays bit for bit. Read by the ClientApps only,
+    # never by the ServerApp; results.json says which of the two a run used (`fedrec run --device-secrets FILE`)
+    device_secrets: str = ""
 
 
 @dataclass
@@ -658,6 +668,9 @@ def _validate(cfg: AppConfig) -> None:
 def _validate_user_dp(cfg: AppConfig) -> None:
     """The combinations user-level DP refuses, each with its reason."""
     p = cfg.privacy
+    if p.secagg_threshold < 2.0 / 3.0:
+        raise ConfigError(f"privacy.secagg_threshold = {p.secagg_threshold:g} is below 2/3: devices refuse such rounds "
+                          "(a server that sends nodes different dropout lists could unmask one node); expected >= 0.67")
     if p.noise_multiplier <= 0 and p.target_epsilon <= 0:
         raise ConfigError("privacy.mode = 'user_dp' needs privacy.target_epsilon > 0 (sigma calibrated to it) or "
                           "privacy.noise_multiplier > 0; with neither, the sum would carry no noise")

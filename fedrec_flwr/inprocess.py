@@ -23,6 +23,7 @@ import torch
 
 from fedrec_flwr.config import to_dict
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.accounting import sample_rate
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError, checkpoint_folder, load_resumable
 from fedrec_flwr.fedgnn.local_step import train_users
@@ -90,7 +91,7 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
                                  in_process=True)
         rounds.check_resume_point(checkpointer.path, resumed)
         store.states = checkpointed_users(checkpointer.path, resumed, parts, cfg, server.min_rows())
-    device_cfg = DeviceSections.from_config(cfg)
+    device_cfg = DeviceSections.from_config(cfg)  # the simulation's fixed secret, or a fresh one
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device-side model, shared by users in turn
 
     def user(u: int) -> FedGNNUser:
@@ -219,9 +220,11 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
         if user_dp:  # one node hosting every user: the same sum, and all N noise shares in one draw
             f = cfg.federation
             _, table, _ = split_table_download(rounds.download(hosted, weights), len(weights))
+            # every user its own node, all reporting: the N shares of sigma C / sqrt(K) drawn as one
+            std = rounds.charged_multiplier(len(hosted)) * cfg.privacy.clip_norm
             vector = node_update([user(u) for u in hosted], weights, table, rnd, None, cfg.simulation.user_batch,
-                                 meta.num_users, f.clients_per_round, f.rounds)
-            out = rounds.train_sum(rnd, vector, len(hosted), 1, [], t0, 0.0, 0.0)
+                                 sample_rate(f.clients_per_round, meta.num_users), std)
+            out = rounds.train_sum(rnd, vector, len(hosted), len(hosted), [], t0, 0.0, 0.0)
         else:
             _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
             uploads = dict(zip(hosted, train_users([user(u) for u in hosted], weights, rows, rnd, round_config,

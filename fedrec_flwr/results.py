@@ -12,6 +12,20 @@ from typing import Any
 from .fsutil import atomic_write as _atomic_write
 
 
+def secrets_provenance(config: dict) -> dict | None:
+    """What results.json says of a run's device secrets (from its config dict; None for runs without devices'
+    privacy draws): whether they were fixed, and by whom. Never the secret, nor anything computed from it."""
+    if config.get("algorithm") != "fedgnn":
+        return None
+    if (config.get("data") or {}).get("catalogue"):  # a deployment: devices ignore the run config's path
+        return {"fixed": False, "by": "each device: drawn from its OS at its first start, kept in its own state, never sent"}
+    if (config.get("simulation") or {}).get("device_secrets"):
+        return {"fixed": True, "by": "the experimenter: simulation.device_secrets, a file only the ClientApps read; "
+                                     "the run replays bit for bit with it"}
+    return {"fixed": False, "by": "each simulated device: drawn from the OS for this run and never sent; the run's "
+                                  "privacy draws cannot be replayed"}
+
+
 class RunFailed(RuntimeError):
     """A run that ended without a result it may report (nothing trained, nothing scored): the message says why."""
 
@@ -30,6 +44,9 @@ class RunRecorder:
             "wall_seconds": 0.0,
             "status": "running",
         }
+        provenance = secrets_provenance(config)
+        if provenance is not None:
+            self.doc["device_secrets"] = provenance
         self._t0 = time.time()
         self.consoles: dict[str, RoundConsole] = {}  # tag -> its console line of the round in progress
         (self.output_dir / "rounds.csv").unlink(missing_ok=True)

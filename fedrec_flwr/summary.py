@@ -186,6 +186,9 @@ def summarize(path: str) -> str:
             r = run[which]
             lines.append(f"    {which} user over the run ({r['uploads']} uploads): {r['basic']:.4g} basic, {r['tight']:.4g} tight"
                          + (f" ({r['tight_at_1_over_n']['epsilon']:.4g} at delta 1/N)" if "tight_at_1_over_n" in r else ""))
+    secrets = doc.get("device_secrets")
+    if isinstance(secrets, dict) and isinstance(secrets.get("by"), str):
+        lines.append(f"  device secrets: {'fixed' if secrets.get('fixed') else 'fresh'}, by {secrets['by']}")
     if up and down:
         lines.append(f"  per client per round: {sum(up) / len(up) / 1e6:.3f} MB up, {sum(down) / len(down) / 1e6:.3f} MB down")
     lines.append(f"  results: {path}/results.json")

@@ -14,6 +14,7 @@ from fedrec_flwr.fedgnn.local_step import size_groups, train_users
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, evaluate_user, set_weights
 from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.models.rating_gnn import build_model, row_width
+from tests.conftest import fixed_secrets
 
 DELTA = ["local.upload=delta", "local.steps=3", "local.batch_size=7", "local.loss=mean", "local.user_steps=3",
          "model.user_offset=true", "data.item_features=true", "model.biases=false", "model.heads=2"]
@@ -33,6 +34,7 @@ def _users(tmp_path, gnn: str, extra: list[str]):
     """24 users of the quickstart data sharing one model (some with neighbours), the model's weights, and item rows
     for each user's anonymity set."""
     cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "privacy.pseudo_sampler=uniform",  # no round 0
+                                           f"simulation.device_secrets={fixed_secrets(tmp_path)}",
                                            f"model.gnn={gnn}", "model.dim=8", *extra])
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
@@ -99,6 +101,7 @@ def test_a_run_with_sixteen_users_per_batch_matches_one_at_a_time(tmp_path):
     def run(batch: int):
         cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "privacy.pseudo_sampler=uniform", "model.dim=8", "federation.rounds=4",
                                                "federation.eval_every=4", "federation.clients_per_round=48",
+                                               f"simulation.device_secrets={fixed_secrets(tmp_path)}",
                                                f"simulation.user_batch={batch}"])
         return run_in_process(cfg, log_every=0)["rmse"]
 

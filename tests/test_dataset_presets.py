@@ -36,6 +36,7 @@ from fedrec_flwr.config import CONF_DIR, load_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_from_config, prepare_partitions
 from fedrec_flwr.data.sources import get_spec
 from fedrec_flwr.server_app import fedgnn_components, server_fn
+from tests.conftest import TEST_SECRET
 
 # public facts of each dataset (README "Datasets"): users, items, and the most ratings one user has
 # in training (ML-100K u1.base: 685, Douban: 108, as conf/fedgnn_tuned.yaml notes; ML-1M: 2,314 and
@@ -207,7 +208,7 @@ def test_a_two_round_fedgnn_tuned_run_on_a_fixture_of_each_dataset(name, tmp_pat
     parts = UserPartitions(prepare_partitions(cfg.data))
     per_node = cfg.simulation.users_per_node
     clients = {1000 + p: FedGNNClient(cfg, parts.meta, users_of({"partition-id": p}, per_node, parts.meta.num_users),
-                                      parts.user, NodeStateStore(RecordDict())) for p in range(num_nodes)}
+                                      parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET) for p in range(num_nodes)}
     assert num_nodes == -(-ALL_USERS // per_node)
     drive(strategy, clients)
     doc = json.loads((Path(cfg.output_dir) / "results.json").read_text())

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedrec_flwr.cli import main as cli_main
+from tests.conftest import fixed_secrets
 
 needs_superlink = pytest.mark.skipif(
     shutil.which("flower-superlink", path=str(Path(sys.executable).parent)) is None,
@@ -39,9 +40,10 @@ def _env() -> dict:
 
 
 def _small_job(out: Path, cache: Path, *extra: str) -> list[str]:
-    """`fedrec run` of SMALL_RUN into `out`, with more overrides."""
+    """`fedrec run` of SMALL_RUN into `out`, with more overrides; its devices' secrets fixed (TEST_SECRET), so that
+    a resumed run draws what the uninterrupted one drew."""
     return [sys.executable, "-m", "fedrec_flwr.cli", "run", "--out", str(out), "--cache-dir", str(cache),
-            *SMALL_RUN, *extra]
+            "--device-secrets", str(fixed_secrets(cache)), *SMALL_RUN, *extra]
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
 from strategies.fedgnn import ExpansionLink, FedGNNStrategy
+from tests.conftest import TEST_SECRET
 
 
 def test_schedule_puts_expansion_after_t_epochs(tiny_cfg):
@@ -88,8 +89,8 @@ def _expand_all(cfg, parts, store, config):
     """Two nodes hosting half the users each, as a multiplexed simulation would."""
     users = list(range(parts.meta.num_users))
     half = len(users) // 2
-    nodes = [FedGNNClient(cfg, parts.meta, users[:half], parts.user, store),
-             FedGNNClient(cfg, parts.meta, users[half:], parts.user, store)]
+    nodes = [FedGNNClient(cfg, parts.meta, users[:half], parts.user, store, secret=TEST_SECRET),
+             FedGNNClient(cfg, parts.meta, users[half:], parts.user, store, secret=TEST_SECRET)]
     for phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
         for node in nodes:
             arrays, n, metrics = node.fit([], {**config, "phase": phase, "round": 2})
@@ -122,7 +123,7 @@ def test_a_user_without_ratings_expands_to_no_neighbours_and_does_not_stop_the_r
     key, run = new_run_key(), "t-empty"
     NeighbourClient(service).open_run(run, cfg.model.dim, parts.meta.num_items, 10)
     store = MemoryStore()
-    node = FedGNNClient(cfg, parts.meta, [2, 3, 4], data, store)
+    node = FedGNNClient(cfg, parts.meta, [2, 3, 4], data, store, secret=TEST_SECRET)
     node.fit([], {"phase": PHASE_REGISTER, "round": 1})
     config = {"nb_key": key, "nb_address": service, "nb_run": run, "nb_retries": 0, "round": 2}
     for phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):

@@ -27,6 +27,7 @@ from fedrec_flwr.privacy.attacks import (
     popularity_reidentification,
     within_upload_auc,
 )
+from tests.conftest import TEST_SECRET
 
 
 def _setup(cfg):
@@ -62,12 +63,12 @@ def test_pseudo_rows_match_real_moments():
     rng = np.random.default_rng(2)
     real = rng.standard_normal((400, 6)) @ np.diag([1, 2, 3, 1, 1, 5]) + 0.5
     for rows in (real, real[:4]):  # more rows than dimensions (Cholesky route) and fewer (random mix of rows)
-        fake = pseudo_gradient_rows(torch.Generator().manual_seed(3), torch.from_numpy(rows.astype(np.float32)), 20000).numpy()
+        fake = pseudo_gradient_rows(np.random.default_rng(3), torch.from_numpy(rows.astype(np.float32)), 20000).numpy()
         cov = np.cov(rows.T, bias=True)
         assert fake.dtype == np.float32 and np.allclose(fake.mean(0), rows.mean(0), atol=0.1)
         assert np.trace(np.cov(fake.T)) == pytest.approx(np.trace(cov), rel=0.05)  # shrinkage keeps the total variance
     # with 400 rows in 6 dimensions Ledoit-Wolf barely shrinks: the covariance is the rows' own
-    fake = pseudo_gradient_rows(torch.Generator().manual_seed(3), torch.from_numpy(real.astype(np.float32)), 20000).numpy()
+    fake = pseudo_gradient_rows(np.random.default_rng(3), torch.from_numpy(real.astype(np.float32)), 20000).numpy()
     assert np.allclose(np.cov(fake.T), np.cov(real.T), atol=0.15 * np.abs(np.cov(real.T)).max())
 
 
@@ -76,7 +77,7 @@ def test_upload_hides_embedding_ratings_and_count(tiny_cfg):
     parts, meta = _setup(cfg)
     data = parts.user(5)
     store = MemoryStore()
-    client = FedGNNClient(cfg, meta, [5], parts.user, store)
+    client = FedGNNClient(cfg, meta, [5], parts.user, store, secret=TEST_SECRET)
     reg, n, reg_metrics = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
     assert n == 1 and reg[0].tolist() == [5]  # [users, set sizes, the ids of user 5]
     ids = [split_users(reg, REGISTER_FIELDS)[0][1][0]]
@@ -157,7 +158,7 @@ def test_a_user_without_training_ratings_sends_a_valid_upload(tiny_cfg):
     parts, meta = _setup(cfg)
     empty = UserData(7, np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(0, np.int64), np.zeros(0, np.float32))
     store = MemoryStore()
-    client = FedGNNClient(cfg, meta, [7], lambda u: empty, store)
+    client = FedGNNClient(cfg, meta, [7], lambda u: empty, store, secret=TEST_SECRET)
     reg, _, _ = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
     ids = split_users(reg, REGISTER_FIELDS)[0][1][0]
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)

@@ -18,6 +18,7 @@ from fedrec_flwr.fedgnn.protocol import TRAIN_FIELDS, frame_users, split_users
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.results import RunRecorder
 from strategies.fedgnn import FedGNNStrategy
+from tests.conftest import TEST_SECRET
 
 SMALL = ("federation.rounds=6", "federation.clients_per_round=12", "federation.eval_every=3", "model.dropout=0.2")
 
@@ -29,7 +30,7 @@ def _nodes(cfg, parts, per_node: int, first_id: int, files_root=None) -> dict:
     for k, start in enumerate(range(0, n, per_node)):
         files = UserStateFiles(files_root) if files_root else None
         users = list(range(start, min(start + per_node, n)))
-        client = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict(), files))
+        client = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict(), files), secret=TEST_SECRET)
         nodes[first_id + 7919 * k] = with_faults(client, cfg.faults, cfg.seed)
     return nodes
 
@@ -90,7 +91,7 @@ def test_a_user_claimed_by_two_nodes_is_refused(tiny_cfg):
     parts = UserPartitions(prepare_partitions(cfg.data))
     strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users, rating_span=4.0)
     nodes = _nodes(cfg, parts, 60, 1)
-    nodes[2] = FedGNNClient(cfg, parts.meta, list(range(60)), parts.user, NodeStateStore(RecordDict()))  # impostor
+    nodes[2] = FedGNNClient(cfg, parts.meta, list(range(60)), parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET)  # impostor
     drive(strategy, nodes, last_round=1)
     assert strategy.bindings.node_of(0) in (1, 2) and len(strategy.server.anonymity_sets) == 60
     assert any("already registered by another node" in why for _, why in strategy.rounds.rejections)
@@ -102,9 +103,9 @@ def test_a_simulated_node_registers_exactly_its_partition_block(tiny_cfg):
     parts = UserPartitions(prepare_partitions(cfg.data))
     strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users,
                               rating_span=4.0)
-    nodes = {1: FedGNNClient(cfg, parts.meta, list(range(10)), parts.user, NodeStateStore(RecordDict()))}
+    nodes = {1: FedGNNClient(cfg, parts.meta, list(range(10)), parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET)}
     for nid, users in ((2, [10, 11]), (3, list(range(15, 25))), (4, list(range(20, 30)))):
-        nodes[nid] = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict()))
+        nodes[nid] = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET)
     drive(strategy, nodes, last_round=1)
     assert sorted(strategy.server.anonymity_sets) == [*range(10), *range(20, 30)]
     refused = [why for _, why in strategy.rounds.rejections]

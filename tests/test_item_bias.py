@@ -20,6 +20,7 @@ from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.messages import UploadRejected
 from fedrec_flwr.models.rating_gnn import build_model, row_width
 from fedrec_flwr.models.star_graph import build_star_batch
+from tests.conftest import fixed_secrets
 
 BIAS = ("model.item_bias=true", "model.dropout=0", "privacy.ldp=false", "local.loss=mean", "local.steps=1",
         "local.batch_size=1000", "local.upload=gradient")
@@ -127,7 +128,8 @@ def test_user_offset_init_mean_starts_each_user_at_its_own_mean(tiny_cfg):
 def test_with_both_options_off_a_quickstart_run_is_unchanged(tmp_path):
     def run(*extra: str) -> float:
         cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "federation.rounds=4", "federation.eval_every=4",
-                                               "federation.clients_per_round=48", *extra])
+                                               "federation.clients_per_round=48",
+                                               f"simulation.device_secrets={fixed_secrets(tmp_path)}", *extra])
         return run_in_process(cfg, log_every=0)["rmse"]
 
     default = run()

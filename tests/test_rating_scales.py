@@ -18,6 +18,7 @@ from fedrec_flwr.data.node_files import load_catalogue, load_user_file
 from fedrec_flwr.data.synthetic import make_synthetic
 from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.node_data import export_nodes
+from tests.conftest import fixed_secrets
 
 SCALES = ("1-5", "0.5-5", "1-100")
 # 20 rounds of 32 of 120 users (each trained ~5 times), evaluated once: about 8 s a scale on one core
@@ -26,7 +27,8 @@ SMALL = ["data.synthetic.num_users=120", "federation.rounds=20", "federation.eva
 
 
 def _cfg(tmp_path, scale: str, *extra: str):
-    return load_config("quickstart", None, [f"data.cache_dir={tmp_path}", f"data.synthetic.scale={scale}", *extra])
+    return load_config("quickstart", None, [f"data.cache_dir={tmp_path}", f"data.synthetic.scale={scale}",
+                                           f"simulation.device_secrets={fixed_secrets(tmp_path)}", *extra])
 
 
 def test_the_map_is_the_identity_on_1_to_5_and_inverts_elsewhere():

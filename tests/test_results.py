@@ -8,6 +8,7 @@ import numpy as np
 from fedrec_flwr.plot import plot_runs
 from fedrec_flwr.results import RunRecorder, report_round
 from fedrec_flwr.summary import summarize
+from tests.conftest import TEST_SECRET
 
 
 def _run(tmp_path, name, rmses):
@@ -94,7 +95,7 @@ def test_a_fedgnn_run_prints_one_line_per_round(tiny_cfg, capsys):
     meta = parts.meta
     strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, RunRecorder(cfg.output_dir, "fedgnn", "s", {}),
                               meta.num_users, rating_span=4.0)
-    clients = {u: FedGNNClient(cfg, meta, [u], parts.user, NodeStateStore(RecordDict())) for u in range(meta.num_users)}
+    clients = {u: FedGNNClient(cfg, meta, [u], parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET) for u in range(meta.num_users)}
     capsys.readouterr()
     drive(strategy, clients)
     lines = _lines(capsys)

@@ -14,6 +14,7 @@ from dp_accounting import rdp
 from fedrec_flwr.config import ConfigError, load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.accounting import UserDPAccountant, calibrate_noise_multiplier, sample_rate
+from fedrec_flwr.fedgnn.device_policy import floor_nodes, share_std
 from fedrec_flwr.fedgnn.local_step import StepBatch
 from fedrec_flwr.fedgnn.protocol import UploadRejected
 from fedrec_flwr.fedgnn.server import FedGNNServer
@@ -38,7 +39,7 @@ def test_calibrated_noise_spends_the_target_over_the_planned_rounds_and_no_more(
     assert _direct_epsilon(q, sigma, rounds, 1e-5) <= 8.0 < _direct_epsilon(q, sigma * 0.99, rounds, 1e-5)
     acc = UserDPAccountant(943, q, sigma, 1.0, 1e-5, 8.0)
     for _ in range(rounds):
-        acc.record_round(943)
+        acc.record_round(sigma)
     assert acc.epsilon() == pytest.approx(_direct_epsilon(q, sigma, rounds, 1e-5), rel=1e-9)
     assert acc.budget()["epsilon_at_1_over_n"]["epsilon"] < acc.epsilon()  # 1/N > 1e-5 here: a looser delta
 
@@ -56,8 +57,8 @@ def test_a_run_stops_before_it_would_exceed_its_budget(tiny_cfg):
     assert 1 < allowed < 200 and acc.affordable_rounds(200) == allowed
     assert acc.affordable_rounds(allowed - 1) == allowed - 1
     full, half = UserDPAccountant(60, q, sigma, 1.0, 1e-5), UserDPAccountant(60, q, sigma, 1.0, 1e-5)
-    full.record_round(60)
-    half.record_round(30)
+    full.record_round(sigma)
+    half.record_round(sigma * np.sqrt(30 / 60))
     assert half.epsilon() > full.epsilon()
 
     cfg = tiny_cfg("privacy.mode=user_dp", f"privacy.noise_multiplier={sigma}", "privacy.target_epsilon=4.0",
@@ -95,7 +96,7 @@ def test_each_users_whole_update_is_clipped_to_c_and_lands_on_its_own_items_only
     np.testing.assert_allclose(norms, expected, rtol=1e-6)
     node = NodeSum([(5,)], 10, 4, 1.0, torch.device("cpu"))
     node.add(steps, items)
-    model, table = node.noised(0.0, torch.Generator().manual_seed(0))
+    model, table = node.noised(0.0, np.random.default_rng(0))
     big = 1.0 / expected[0]  # the large update is scaled to norm exactly C, the small one passes unchanged
     np.testing.assert_allclose(model, grads[0] * big + grads[1], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(table[[1, 4, 7]], rows[0] * big, rtol=1e-5, atol=1e-7)
@@ -117,13 +118,14 @@ def test_the_servers_view_the_noisy_sum_holds_no_row_of_any_user(tiny_cfg):
         device_cfg = DeviceSections.from_config(cfg)
         model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
         server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
+        floor = floor_nodes(cfg.privacy.min_node_fraction, meta.num_users)  # one user per node
         out = []
         for u in range(meta.num_users):
             user = FedGNNUser(device_cfg, meta, parts.user(u), MemoryStore(), model=model)
             assert user.register().size == 0  # no anonymity set is ever sent
-            assert samples_itself(cfg.seed, u, 2, 1.0)  # q = 60 / 60: every user takes part
-            out.append(node_update([user], server.model_weights(), server.table(), 2, None, 8, meta.num_users, 60,
-                                   cfg.federation.rounds)[-1])
+            assert samples_itself(device_cfg.secret, u, 2, 1.0)  # q = 60 / 60: every user takes part
+            out.append(node_update([user], server.model_weights(), server.table(), 2, None, 8, 1.0,
+                                   share_std(sigma, 1.0, floor))[-1])
         return out, parts
 
     def mean_auc(tables: list[np.ndarray], parts) -> float:
@@ -138,7 +140,8 @@ def test_the_servers_view_the_noisy_sum_holds_no_row_of_any_user(tiny_cfg):
     assert mean_auc(clear, parts) > 0.99
     noisy, parts = vectors(1.0)
     assert noisy[0].shape == (parts.meta.num_items, clear[0].shape[1])
-    share = np.sqrt(1 / parts.meta.num_users)  # sigma C sqrt(h / N) per one-user node
+    floor = floor_nodes(0.8, parts.meta.num_users)
+    share = np.sqrt(1 / floor)  # sigma C / sqrt(K) per node: the noise floor K = 48 of the 60 one-user nodes
     assert np.std(np.concatenate([t.ravel() for t in noisy])) == pytest.approx(share, rel=0.05)
     assert mean_auc(noisy, parts) > 0.55  # one unmasked node would leak: SecAgg+ hides it
     # the server's view: the sum. Against the same sum without user u (its neighbour in the DP relation) the
@@ -150,7 +153,8 @@ def test_the_servers_view_the_noisy_sum_holds_no_row_of_any_user(tiny_cfg):
         if gap == "large":
             assert with_u - without_u > 0.05
         else:
-            assert np.std(total) == pytest.approx(1.0, rel=0.05)  # the whole noise, sigma C
+            # the whole noise: sigma C sqrt(N / K) with every node reporting, at least sigma C
+            assert np.std(total) == pytest.approx(np.sqrt(parts.meta.num_users / floor), rel=0.05)
             assert abs(with_u - without_u) < 0.02
 
 
@@ -166,17 +170,25 @@ def test_the_server_refuses_an_aggregate_no_honest_round_can_give():
         check_sum([np.full(3, 1000.0), np.zeros(1), np.zeros((5, 2))], shapes, table, 1.0, 0.1, 10.0)
 
 
-def test_a_short_user_dp_run_in_process_learns_and_reports_its_user_level_budget(tiny_cfg):
+def test_a_short_user_dp_run_in_process_learns_and_reports_its_user_level_budget(tiny_cfg, tmp_path):
     cfg = tiny_cfg("privacy.mode=user_dp", "privacy.target_epsilon=8", "federation.rounds=12",
                    "federation.eval_every=12", "federation.clients_per_round=30", "server_opt.name=adam",
-                   "server_opt.lr=0.01", "server_opt.item_lr=0.05", "local.loss=sum", "local.batch_size=1000")
+                   "server_opt.lr=0.01", "server_opt.item_lr=0.05", "local.loss=sum", "local.batch_size=1000",
+                   f"simulation.device_secrets={tmp_path / 'secrets'}")
     out = run_in_process(cfg, log_every=0)
     privacy = out["history"][-1]["privacy"]
-    assert privacy["mode"] == "user_dp" and privacy["rounds"] == 12 and 7.5 < privacy["epsilon"] <= 8.0
+    # sigma is calibrated to spend 8 at the noise floor (48 of 60 nodes); all 60 report, so each round carries
+    # sigma sqrt(60 / 48) and is charged so
+    floor = privacy["noise_floor"]["nodes"]
+    assert floor == 48 and privacy["rounds"] == 12
+    charged = UserDPAccountant(60, privacy["sample_rate"], privacy["noise_multiplier"], 1.0, 1e-5)
+    for _ in range(12):
+        charged.record_round(privacy["noise_multiplier"] * np.sqrt(60 / floor))
+    assert privacy["epsilon"] == pytest.approx(charged.epsilon(), rel=1e-9) and 5.0 < privacy["epsilon"] <= 8.0
     assert out["eval_ratings"] == out["test_ratings"]  # every test rating scored
     assert np.isfinite(out["rmse"])
     again = run_in_process(cfg, log_every=0)
-    assert again["rmse"] == out["rmse"]  # the same config and seed give the same numbers
+    assert again["rmse"] == out["rmse"]  # the same config, seed and fixed device secrets give the same numbers
 
 
 @needs_superlink

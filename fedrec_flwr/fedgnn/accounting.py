@@ -171,7 +171,7 @@ def _one_round_rdp(q: float, sigma: float) -> tuple[np.ndarray, np.ndarray]:
     return orders, per_round
 
 
-def _subsampled_gaussian_epsilon(q: float, noise: dict[float, int], delta: float) -> float:
+def subsampled_gaussian_epsilon(q: float, noise: dict[float, int], delta: float) -> float:
     """epsilon at `delta` of rounds of the Poisson-subsampled Gaussian (sampling rate q; `noise`: noise multiplier ->
     rounds run at it), add-or-remove-one-user relation. RDP composes by addition, so this is what dp-accounting's
     RdpAccountant gives for the same events (the rounds at one sigma count times that sigma's one-round RDP)."""
@@ -223,8 +223,10 @@ class UserDPAccountant:
 
     Mechanism per training round: every user samples itself with probability q (Poisson sampling; the server
     never learns who), clips its whole update to L2 norm C, and the sum over the sampled users gets Gaussian
-    noise of standard deviation sigma C (the users' shares together; sigma falls to sigma sqrt(m / N) when only
-    m of the N users' nodes report). Neighbouring relation: add or remove one user with all its ratings.
+    noise from the nodes' shares: each node's share is sized for the noise floor (K nodes), so a sum of k >= K
+    nodes carries sigma sqrt(k / K) C, at least the run's sigma C, and each round is charged at the noise it
+    actually carries (`device_policy.charged_multiplier`). Neighbouring relation: add or remove one user with
+    all its ratings.
     dp-accounting's RDP accountant composes the rounds; epsilon is reported at the run's delta and at 1/N.
     """
 
@@ -251,7 +253,7 @@ class UserDPAccountant:
         noise = dict(self.noise)
         if more_rounds:
             noise[self.sigma] = noise.get(self.sigma, 0) + more_rounds
-        return _subsampled_gaussian_epsilon(self.q, noise, self.delta if delta is None else delta) if noise else 0.0
+        return subsampled_gaussian_epsilon(self.q, noise, self.delta if delta is None else delta) if noise else 0.0
 
     def affordable_rounds(self, planned: int) -> int:
         """How many of `planned` full-noise training rounds fit within target_epsilon (all of them with no target)."""
@@ -266,9 +268,9 @@ class UserDPAccountant:
                 high = mid - 1
         return low
 
-    def record_round(self, reporting_users: int) -> None:
-        """One released sum, its noise from the shares of `reporting_users` of the N users."""
-        sigma = self.sigma * float(np.sqrt(min(reporting_users, self.num_users) / max(self.num_users, 1)))
+    def record_round(self, noise_multiplier: float) -> None:
+        """One released sum that carried noise of `noise_multiplier` x C (`device_policy.charged_multiplier`)."""
+        sigma = round(float(noise_multiplier), 12)
         self.noise[sigma] = self.noise.get(sigma, 0) + 1
 
     def budget(self) -> dict:

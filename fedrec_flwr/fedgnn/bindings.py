@@ -38,6 +38,11 @@ class NodeBindings:
         self._node_of: dict[int, int] = {}
         self._users_of: dict[int, list[int]] = {}
 
+    @property
+    def run_nodes(self) -> int:
+        """How many nodes the run has: one per block of users in a simulation, one per user in a deployment."""
+        return -(-self.num_users // self._block) if self._block else self.num_users
+
     def check_claim(self, node_id: int, users: list[int]) -> None:
         """UploadRejected unless `node_id` may register every one of `users`."""
         allowed = self._entitled(node_id) if self._entitled is not None else None

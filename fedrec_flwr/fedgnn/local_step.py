@@ -226,9 +226,8 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
             real_at = np.searchsorted(st.anonymity_ids, data.train_items)
             is_pseudo[real_at] = False
             rows[torch.from_numpy(real_at).to(rows.device)] = real  # both in ascending item-id order
-            normals = torch.Generator().manual_seed(int(rng.integers(2**62)))  # the pseudo rows' stream, from the user's
             rows[torch.from_numpy(np.flatnonzero(is_pseudo)).to(rows.device)] = pseudo_gradient_rows(
-                normals, real, st.anonymity_ids.size - real_at.size)
+                rng, real, st.anonymity_ids.size - real_at.size)  # from the user's secure stream, as the noise
             if p.ldp:  # one draw for the whole upload, model gradients first
                 privatize_flat(upload, p.clip_delta, p.noise_lambda, rng)
             flat = upload.cpu().numpy()

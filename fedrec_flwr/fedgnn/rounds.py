@@ -43,6 +43,7 @@ from fedrec_flwr.fedgnn.accounting import LDPAccountant, UserDPAccountant, epsil
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.checkpoint import CheckpointError
+from fedrec_flwr.fedgnn.device_policy import charged_multiplier, floor_nodes
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_POPULARITY,
@@ -116,9 +117,14 @@ class FedGNNRounds:
         self.public_scale = public_scale
         self.user_dp: UserDPAccountant | None = None  # privacy.mode = user_dp: the user-level ledger
         self.budget_rounds = federation.rounds  # training rounds the privacy budget allows (user_dp), else all
+        self.secure_floor = 0  # user_dp: K, the fewest nodes a released sum may hold (the noise floor)
         if privacy.mode == "user_dp":
             self.user_dp = UserDPAccountant.from_privacy(privacy, federation.clients_per_round, bindings.num_users,
                                                          federation.rounds)
+            self.secure_floor = floor_nodes(privacy.min_node_fraction, bindings.run_nodes)
+            if self.secure_floor > bindings.run_nodes:
+                raise ValueError(f"privacy.mode = 'user_dp' needs at least {self.secure_floor} nodes in a secure sum "
+                                 f"(the noise floor), and the run has {bindings.run_nodes}; host fewer users per node")
             self.budget_rounds = self.user_dp.affordable_rounds(federation.rounds)
             if self.budget_rounds < federation.rounds:
                 log.warning("privacy.target_epsilon = %g allows %d of the %d training rounds at noise multiplier %.3f: "
@@ -318,10 +324,10 @@ class FedGNNRounds:
         self.record(record, complete=not self.is_eval_round(logical_round == len(self.schedule)))
         return record
 
-    def noise_std(self) -> float:
-        """sigma C: the standard deviation of the noise on a user-DP round's sum (every node reporting)."""
+    def charged_multiplier(self, nodes: int) -> float:
+        """The noise multiplier a user-DP sum of `nodes` node shares carries: sigma sqrt(k / K) (the noise floor)."""
         assert self.user_dp is not None
-        return self.user_dp.sigma * self.privacy.clip_norm
+        return charged_multiplier(self.user_dp.sigma, nodes, self.secure_floor)
 
     def expected_users(self) -> float:
         """q N: how many users a user-DP round samples on average, the fixed divisor of its sum."""
@@ -330,7 +336,7 @@ class FedGNNRounds:
     def train_sum(self, logical_round: int, summed: list[np.ndarray] | None, reporting_users: int, nodes: int,
                   failures: list[str], started: float, bytes_down: float, bytes_up: float) -> dict:
         """A user-DP training round: check the SecAgg+ sum of the nodes' vectors (`user_dp.check_sum`), apply it over
-        the expected sample, and charge every user the round (its noise from `reporting_users`' shares).
+        the expected sample, and charge every user the round at the noise the shares of its `nodes` carry.
         `summed` None: the secure aggregation produced no sum (too few nodes survived it)."""
         from fedrec_flwr.fedgnn.user_dp import check_sum
 
@@ -340,10 +346,11 @@ class FedGNNRounds:
         self.train_rounds_done += 1
         applied = False
         if summed is not None and reporting_users:
-            self.user_dp.record_round(reporting_users)  # released (and so spent) whether or not it passes the check
+            sigma = self.charged_multiplier(nodes)
+            self.user_dp.record_round(sigma)  # released (and so spent) whether or not it passes the check
             try:
                 *model, table = check_sum(summed, self.server.model_shapes, (self.server.num_items, self.server.dim),
-                                          self.privacy.clip_norm, self.noise_std(), self.expected_users())
+                                          self.privacy.clip_norm, sigma * self.privacy.clip_norm, self.expected_users())
                 applied = reporting_users >= self.federation.min_clients
             except UploadRejected as exc:
                 self.reject(logical_round, f"aggregate refused: {exc}")
@@ -442,6 +449,8 @@ class FedGNNRounds:
         user_dp: the user-level ledger (`UserDPAccountant.budget`)."""
         if self.user_dp is not None:
             return {**self.user_dp.budget(), "planned_rounds": self.federation.rounds,
+                    "noise_floor": {"nodes": self.secure_floor, "of_nodes": self.bindings.run_nodes,
+                                    "min_node_fraction": self.privacy.min_node_fraction},
                     "stopped_by_budget": self.budget_rounds < self.federation.rounds}
         model = sum(int(np.prod(s)) for s in self.server.model_shapes)
         return self.accountant.budget({u: model + ids.size * self.dim for u, ids in self.server.anonymity_sets.items()})

@@ -28,6 +28,7 @@ from fedrec_flwr.privacy import (
     num_pseudo,
     sample_pseudo_items,
 )
+from fedrec_flwr.privacy.device_secret import DeviceSecret, simulation_secret
 from fedrec_flwr.privacy.popularity import (
     inclusion_odds,
     oue_report,
@@ -38,19 +39,23 @@ from fedrec_flwr.privacy.popularity import (
 
 @dataclass(frozen=True)
 class DeviceSections:
-    """What a FedGNN device reads of a run's config: the model, local training and privacy sections, the
-    run seed, and the CA file that the neighbour service's certificate must chain to."""
+    """What a FedGNN device reads of a run's config (the model, local training and privacy sections, and the CA
+    file that the neighbour service's certificate must chain to), and its own secret, the source of every
+    privacy draw: never the run seed, which the server holds."""
 
     model: ModelConfig
     local: LocalTrainingConfig
     privacy: PrivacyConfig
-    seed: int
+    secret: DeviceSecret
     ca_file: str = ""
 
     @classmethod
-    def from_config(cls, cfg: AppConfig) -> "DeviceSections":
-        """The device's sections of a whole AppConfig."""
-        return cls(cfg.model, cfg.local, cfg.privacy, cfg.seed, cfg.expansion.ca_file)
+    def from_config(cls, cfg: AppConfig, secret: DeviceSecret | None = None) -> "DeviceSections":
+        """The device's sections of a whole AppConfig, with `secret`. Without one (in-process runs, benchmarks and
+        tests, where the config is the experimenter's own): the simulation's fixed secret of
+        `simulation.device_secrets`, else a fresh one from the OS. A Flower client always passes its own."""
+        return cls(cfg.model, cfg.local, cfg.privacy, secret or simulation_secret(cfg.simulation.device_secrets),
+                   cfg.expansion.ca_file)
 
 
 class UserStore(Protocol):
@@ -85,9 +90,10 @@ class MemoryStore:
         self.states[user] = st.copy()
 
 
-def user_rng(seed: int, user: int, *stream: int) -> np.random.Generator:
-    """A generator private to one user (and stream), so runs are reproducible per seed."""
-    return np.random.default_rng([seed, user, *stream])
+def user_rng(secret: DeviceSecret, user: int, *stream: int) -> np.random.Generator:
+    """One user's secure stream for one purpose (`stream`): ChaCha20 keyed by the device secret, so only the device
+    can compute it, and a simulation that fixes its devices' secrets replays it bit for bit."""
+    return secret.generator(user, *stream)
 
 
 def own_items(data: UserData) -> np.ndarray:
@@ -96,8 +102,8 @@ def own_items(data: UserData) -> np.ndarray:
 
 
 def popularity_report(cfg: DeviceSections, meta: PartitionMeta, data: UserData) -> np.ndarray:
-    """The user's LDP report of its items (popularity-matched sampler), drawn from its own stream (seed, user, 2)."""
-    return oue_report(user_rng(cfg.seed, data.user, 2), own_items(data), meta.num_items, cfg.privacy.popularity_epsilon)
+    """The user's LDP report of its items (popularity-matched sampler), drawn from its own secure stream 2."""
+    return oue_report(user_rng(cfg.secret, data.user, 2), own_items(data), meta.num_items, cfg.privacy.popularity_epsilon)
 
 
 def init_user_state(cfg: DeviceSections, meta: PartitionMeta, data: UserData, popularity: np.ndarray | None = None) -> UserState:
@@ -107,7 +113,7 @@ def init_user_state(cfg: DeviceSections, meta: PartitionMeta, data: UserData, po
     The offset starts at 0, or with model.user_offset_init = "mean" at `initial_offset`: the user's own
     mean rating minus the model's starting bias, read from its own ratings on the device (no privacy cost).
     """
-    rng = user_rng(cfg.seed, data.user, 0)
+    rng = user_rng(cfg.secret, data.user, 0)
     emb = (rng.standard_normal(cfg.model.dim) * cfg.model.init_std).astype(np.float32)
     own = own_items(data)
     p = cfg.privacy
@@ -283,10 +289,10 @@ class FedGNNUser:
 
     def begin_train(self, server_round: int, round_config: RoundConfig | None = None) -> tuple[np.random.Generator, int]:
         """Start this user's training round: refresh its neighbours if the round asks, and return its stream
-        for the round (seed, user, 1, round) with the seed of its dropout masks, drawn first from that stream."""
+        secure stream for the round (stream 1, round) with the seed of its dropout masks, drawn first from it."""
         if round_config is not None and round_config.refresh_neighbours and round_config.expansion is not None:
             self.expand(round_config.expansion, round_config.retries, submit=True, fetch=True, server_round=server_round)
-        rng = user_rng(self.cfg.seed, self.user, 1, server_round)
+        rng = user_rng(self.cfg.secret, self.user, 1, server_round)
         return rng, int(rng.integers(2**62))
 
     def finish_train(self, embedding: np.ndarray, offset: float, server_round: int) -> None:

@@ -1,22 +1,24 @@
 """User-level differential privacy for FedGNN (`privacy.mode = user_dp`): what a node sends and what the server checks.
 
 Each training round, on the device:
-1. every user samples itself with probability q = clients_per_round / users from its own stream
-   (seed, user, 3, round): Poisson sampling that nobody else observes;
+1. every user samples itself with probability q = clients_per_round / users from its own secure stream
+   (`user_rng`: keyed by the device secret, which the server never holds): Poisson sampling that nobody
+   else observes or can replay;
 2. a sampled user runs the same local step as in the LDP mode (`local_step.run_local_steps`) and clips its
    whole update, the model gradient and the gradient of the item rows it rated, to L2 norm C;
 3. its node adds the clipped updates of its sampled users into one vector over the model and the *whole*
-   item table (unrated rows are zeros, so no row tells which items a user touched), plus Gaussian noise
-   N(0, sigma^2 C^2 h / N) for the h users it hosts, whether they sampled themselves or not: with every
-   node reporting, the noise on the sum is exactly N(0, sigma^2 C^2) per coordinate, and no party can
-   remove it (distributed DP);
+   item table (unrated rows are zeros, so no row tells which items a user touched), plus its share of
+   Gaussian noise, N(0, sigma^2 C^2 / K) with K the fewest nodes it lets a secure sum have (the noise
+   floor, `device_policy.floor_nodes`), drawn from its secure stream: any sum of k >= K nodes carries
+   N(0, sigma^2 C^2 k / K), at least the run's sigma C, and no party can remove or replay it (distributed DP);
 4. SecAgg+ (Flower's `secaggplus_mod` / `SecAggPlusWorkflow`) masks the node's vector, so the server
    learns only the sum over all nodes.
 
 On the server: the unmasked sum is checked (shapes, finite, an L2 norm an honest round can reach), divided
 by the expected number of sampled users q N (the actual number is never known), and applied by the
 server optimiser. sigma is computed from the run's config on every device and on the server alike
-(`accounting.run_noise_multiplier`), so a server cannot ask a device for less noise.
+(`accounting.run_noise_multiplier`); each device also holds its own limits and ledger (`device_policy`) and
+sits out a round that would break them, whatever the run config asks.
 """
 
 from __future__ import annotations
@@ -26,18 +28,18 @@ import math
 import numpy as np
 import torch
 
-from fedrec_flwr.fedgnn.accounting import run_noise_multiplier, sample_rate
 from fedrec_flwr.fedgnn.local_step import StepBatch, run_local_steps
 from fedrec_flwr.fedgnn.protocol import RoundConfig, UploadRejected
 from fedrec_flwr.fedgnn.user import FedGNNUser, user_rng
+from fedrec_flwr.privacy.device_secret import DeviceSecret
 
 COIN_STREAM, NOISE_STREAM = 3, 5  # a user's streams for its sampling coin and (first user of a node) the node's noise
 NOISE_TAIL = 8.0  # SecAgg+ clips each coordinate at h C + NOISE_TAIL x the noise's standard deviation
 
 
-def samples_itself(seed: int, user: int, server_round: int, q: float) -> bool:
-    """Whether `user` takes part in this round: a coin of probability q from its own stream (seed, user, 3, round)."""
-    return bool(user_rng(seed, user, COIN_STREAM, server_round).random() < q)
+def samples_itself(secret: DeviceSecret, user: int, server_round: int, q: float) -> bool:
+    """Whether `user` takes part in this round: a coin of probability q from its own secure stream (3, round)."""
+    return bool(user_rng(secret, user, COIN_STREAM, server_round).random() < q)
 
 
 def update_norms(steps: StepBatch) -> torch.Tensor:
@@ -74,29 +76,28 @@ class NodeSum:
             if ids.size:
                 self.table.index_add_(0, torch.from_numpy(ids).to(self.device), steps.rows[k, : ids.size] * scale[k])
 
-    def noised(self, std: float, generator: torch.Generator) -> list[np.ndarray]:
-        """[*model sums, table sum] + N(0, std^2) per coordinate, drawn on the CPU (CPU and CUDA nodes draw the same
-        numbers), as float32 numpy arrays in the model's parameter order, the table last."""
+    def noised(self, std: float, rng: np.random.Generator) -> list[np.ndarray]:
+        """[*model sums, table sum] + N(0, std^2) per coordinate from `rng`, the node's secure stream, drawn on the CPU
+        (CPU and CUDA nodes draw the same numbers), as float32 numpy arrays in the model's parameter order, the
+        table last."""
         out = []
         for part in (*self.model, self.table):
-            noise = torch.randn(part.shape, generator=generator).to(self.device) if std > 0 else 0.0
+            noise = torch.from_numpy(rng.standard_normal(tuple(part.shape), dtype=np.float32)).to(self.device) \
+                if std > 0 else 0.0
             # at least 1-D: Flower 1.42's SecAgg+ unmasks a 0-d array wrongly (it rebinds a numpy scalar in place)
             out.append((part + std * noise).cpu().numpy().astype(np.float32).reshape(part.shape or (1,)))
         return out
 
 
 def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.ndarray, server_round: int,
-                round_config: RoundConfig | None, batch: int, num_users: int, clients_per_round: int,
-                rounds: int) -> list[np.ndarray]:
-    """What one node sends in a user-DP training round: its sampled users' clipped updates summed, plus the
-    noise share of every user it hosts (`NodeSum`). `num_users`, `clients_per_round`, `rounds`: the run's
-    population, expected sample and schedule, from which each device computes q and sigma itself."""
+                round_config: RoundConfig | None, batch: int, q: float, noise_std: float) -> list[np.ndarray]:
+    """What one node sends in a user-DP training round: its sampled users' clipped updates summed (each user's coin
+    of probability `q`), plus the node's noise share N(0, noise_std^2) per coordinate (`NodeSum`), drawn from the
+    secure stream of its first user. The device computes q and the share itself (`device_policy.DeviceLimits`)."""
     cfg = users[0].cfg
-    q = sample_rate(clients_per_round, num_users)
-    sigma = run_noise_multiplier(cfg.privacy, clients_per_round, num_users, rounds)
     node = NodeSum([tuple(np.shape(w)) for w in weights], table.shape[0], table.shape[1], cfg.privacy.clip_norm,
                    users[0].device)
-    sampled = [u for u in users if samples_itself(cfg.seed, u.user, server_round, q)]
+    sampled = [u for u in users if samples_itself(cfg.secret, u.user, server_round, q)]
 
     def add_group(group: list[int], steps: StepBatch, rngs: list[np.random.Generator]) -> None:
         node.add(steps, [sampled[k].data.train_items for k in group])
@@ -105,9 +106,7 @@ def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.nd
 
     run_local_steps(sampled, weights, [table] * len(sampled), server_round, round_config, batch, add_group)
     first = min(u.user for u in users)
-    generator = torch.Generator().manual_seed(int(user_rng(cfg.seed, first, NOISE_STREAM, server_round).integers(2**62)))
-    std = sigma * cfg.privacy.clip_norm * math.sqrt(len(users) / max(num_users, 1))
-    return node.noised(std, generator)
+    return node.noised(noise_std, user_rng(cfg.secret, first, NOISE_STREAM, server_round))
 
 
 def secagg_clipping_range(clip_norm: float, noise_multiplier: float, users_per_node: int) -> float:

@@ -69,10 +69,15 @@ def _fit(x: torch.Tensor) -> tuple[Shrinkage, torch.Tensor | None]:
     return Shrinkage(mean, alpha, mu), (small if n > p else None)
 
 
-def pseudo_gradient_rows(generator: torch.Generator, real_rows: torch.Tensor, count: int) -> torch.Tensor:
+def _normals(rng: np.random.Generator, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """Standard normals of `shape` from `rng` as a float32 tensor on `device`."""
+    return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(device)
+
+
+def pseudo_gradient_rows(rng: np.random.Generator, real_rows: torch.Tensor, count: int) -> torch.Tensor:
     """`count` float32 rows ~ N(mean, (1-a) S + a mu I) fitted to `real_rows` [K, p] by Ledoit-Wolf shrinkage,
-    on the rows' device; the standard normals come from `generator` (a CPU generator of the user's own, so
-    a run draws the same rows on CPU and CUDA; torch's vectorised normals are about twice numpy's speed).
+    on the rows' device; the standard normals come from `rng`, the user's secure stream (drawn on the CPU, so
+    a run draws the same rows on CPU and CUDA, and a server that knows the run's seed cannot replay them).
 
     Sampled by the cheaper exact route: with K <= p as a random mix of the K centred real rows (covariance
     S exactly) plus isotropic noise, O(count K p); with K > p through the Cholesky factor of the p x p
@@ -87,12 +92,12 @@ def pseudo_gradient_rows(generator: torch.Generator, real_rows: torch.Tensor, co
         cov = (1.0 - alpha) * scatter / k + alpha * mu * torch.eye(p, dtype=torch.float64, device=device)
         factor, info = torch.linalg.cholesky_ex(cov)
         if int(info) == 0:
-            z = torch.randn((count, p), generator=generator).to(device)
+            z = _normals(rng, (count, p), device)
             return torch.addmm(mean.to(torch.float32), z, factor.T.to(torch.float32))
-    out = torch.randn((count, p), generator=generator).to(device).mul_(float(np.sqrt(alpha * mu)))
+    out = _normals(rng, (count, p), device).mul_(float(np.sqrt(alpha * mu)))
     out += mean.to(torch.float32)
     if k >= 2 and alpha < 1.0:
         xc = (real_rows - mean.to(real_rows.dtype)).to(torch.float32)
-        mix = torch.randn((count, k), generator=generator).to(device)
+        mix = _normals(rng, (count, k), device)
         out.addmm_(mix, xc, alpha=float(np.sqrt((1.0 - alpha) / k)))
     return out

@@ -1,0 +1,202 @@
+"""A FedGNN device's own limits and ledger under user-level DP: what it enforces whatever the server asks.
+
+The server sends the run config and orchestrates SecAgg+; a device that trusted it would spend whatever budget,
+noise and cohort the server chose. So each device holds (`DevicePolicy`):
+- the largest user-level epsilon (at its own delta) it will spend, and its own ledger of what it has spent
+  (`DeviceLedger`, kept in the node's state across rounds);
+- the smallest noise multiplier and the largest clip norm it accepts;
+- the noise floor: it sizes its noise share for the fewest nodes it lets a secure sum have, K (`floor_nodes`:
+  a fraction of the run's nodes, and never fewer than `min_nodes`), and refuses a round whose sum would have
+  fewer, so no dropout leaves a released sum with less than the run's noise;
+- the smallest SecAgg+ reconstruction threshold, 2/3 of the shares: a server that tells some nodes a node
+  dropped and others that it is alive then needs 2t - c > n shares from n nodes (c of them colluding clients),
+  which holds for any c < n/3, so it cannot collect both of that node's secrets and unmask its vector.
+
+A device sits out (raises `PolicyRefusal`, which drops it from the round) a round that would break any of them.
+The limits come from the node config in a deployment (`from_node_config`), from the run's own settings in a
+simulation (`from_run`), and from `SAFE_DEFAULTS` otherwise. This module needs no flwr.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+
+from fedrec_flwr.fedgnn.accounting import subsampled_gaussian_epsilon
+
+MIN_THRESHOLD = 2.0 / 3.0  # fraction of SecAgg+ shares needed to unmask (see the module docstring)
+
+
+class PolicyRefusal(RuntimeError):
+    """The device will not take part in this round: taking part would break one of its own limits (named)."""
+
+
+class DevicePolicyError(ValueError):
+    """A device-policy setting of the node config that is missing a valid value (named)."""
+
+
+@dataclass(frozen=True)
+class DevicePolicy:
+    """One device's privacy limits under user-level DP (see the module docstring)."""
+
+    max_epsilon: float = 8.0  # user-level epsilon at `delta` the device spends at most (inf: no limit)
+    delta: float = 1e-5
+    min_noise_multiplier: float = 0.5
+    max_clip_norm: float = 1.0
+    min_nodes: int = 3  # fewest nodes in a secure sum: with two, each could subtract its own vector
+    min_node_fraction: float = 0.8  # the noise floor: shares sized for this fraction of the run's nodes reporting
+    min_threshold: float = MIN_THRESHOLD
+
+    @classmethod
+    def from_node_config(cls, node_config) -> "DevicePolicy":
+        """A deployed device's policy: node-config keys `privacy-max-epsilon`, `privacy-delta`,
+        `privacy-min-noise-multiplier`, `privacy-max-clip-norm`, `privacy-min-nodes`, `privacy-min-node-fraction`
+        (each optional; `SAFE_DEFAULTS` otherwise). A value out of range raises DevicePolicyError naming it."""
+        values = {}
+        for f in fields(cls):
+            if f.name == "min_threshold":
+                continue
+            key = "privacy-" + f.name.replace("_", "-")
+            if key in node_config:
+                try:
+                    values[f.name] = int(node_config[key]) if f.name == "min_nodes" else float(node_config[key])
+                except (TypeError, ValueError):
+                    raise DevicePolicyError(f"node config {key} = {node_config[key]!r} is not a number") from None
+        return cls(**{**asdict(SAFE_DEFAULTS), **values}).checked()
+
+    @classmethod
+    def from_run(cls, privacy, noise_multiplier: float) -> "DevicePolicy":
+        """A simulated device's policy: the run's own settings (its target epsilon, delta, sigma, C and floor), so
+        that every simulated device enforces what the experimenter configured, with its own ledger."""
+        target = float(privacy.target_epsilon) if privacy.target_epsilon > 0 else math.inf
+        return cls(target, float(privacy.delta), float(noise_multiplier), float(privacy.clip_norm),
+                   SAFE_DEFAULTS.min_nodes, float(privacy.min_node_fraction)).checked()
+
+    def checked(self) -> "DevicePolicy":
+        """This policy, or DevicePolicyError naming the first limit out of its range."""
+        checks = [("max-epsilon", self.max_epsilon > 0), ("delta", 0 < self.delta < 1),
+                  ("min-noise-multiplier", self.min_noise_multiplier > 0), ("max-clip-norm", self.max_clip_norm > 0),
+                  ("min-nodes", self.min_nodes >= 3), ("min-node-fraction", 0 < self.min_node_fraction <= 1)]
+        for name, ok in checks:
+            if not ok:
+                raise DevicePolicyError(f"device policy privacy-{name} = {getattr(self, name.replace('-', '_'))} is out of "
+                                        "range (epsilon > 0, 0 < delta < 1, noise multiplier > 0, clip norm > 0, "
+                                        "min nodes >= 3, 0 < node fraction <= 1)")
+        return self
+
+    def floor_nodes(self, run_nodes: int) -> int:
+        """K: the fewest nodes a secure sum may have, for a run of `run_nodes` nodes (`floor_nodes`)."""
+        return floor_nodes(self.min_node_fraction, run_nodes, self.min_nodes)
+
+    def admit_run(self, noise_multiplier: float, clip_norm: float) -> None:
+        """PolicyRefusal unless the run's sigma and C are within this device's limits."""
+        if noise_multiplier < self.min_noise_multiplier * (1 - 1e-9):
+            raise PolicyRefusal(f"the run asks for noise multiplier {noise_multiplier:.4g}, below this device's "
+                                f"minimum {self.min_noise_multiplier:.4g}")
+        if clip_norm > self.max_clip_norm * (1 + 1e-9):
+            raise PolicyRefusal(f"the run asks for clip norm {clip_norm:.4g}, above this device's maximum "
+                                f"{self.max_clip_norm:.4g}")
+
+    def admit_threshold(self, threshold: int, shares: int) -> None:
+        """PolicyRefusal unless SecAgg+'s reconstruction threshold is at least `min_threshold` of the shares."""
+        if threshold < math.ceil(self.min_threshold * shares - 1e-9):
+            raise PolicyRefusal(f"SecAgg+ threshold {threshold} of {shares} shares is below this device's "
+                                f"{self.min_threshold:.3g} (a server could unmask a node below it)")
+
+
+SAFE_DEFAULTS = DevicePolicy()
+
+
+def floor_nodes(min_node_fraction: float, run_nodes: int, min_nodes: int = SAFE_DEFAULTS.min_nodes) -> int:
+    """K = max(ceil(fraction x run_nodes), min_nodes): the fewest nodes whose shares a released sum may hold. Every
+    node's share is N(0, sigma^2 C^2 / K), so any sum of k >= K nodes carries at least the run's sigma C."""
+    return max(math.ceil(min_node_fraction * run_nodes - 1e-9), int(min_nodes))
+
+
+def share_std(noise_multiplier: float, clip_norm: float, floor: int) -> float:
+    """One node's noise share: sigma C / sqrt(K)."""
+    return noise_multiplier * clip_norm / math.sqrt(max(floor, 1))
+
+
+def charged_multiplier(noise_multiplier: float, nodes_in_sum: int, floor: int) -> float:
+    """The noise multiplier a released sum of `nodes_in_sum` node shares actually carries: sigma sqrt(k / K)."""
+    return noise_multiplier * math.sqrt(nodes_in_sum / max(floor, 1))
+
+
+class DeviceLedger:
+    """What a device has spent: rounds released at (sampling rate, noise multiplier), RDP-composed by dp-accounting
+    (the same accountant as the server's `UserDPAccountant`). Serialised to JSON for the node's state."""
+
+    def __init__(self, rounds: dict[tuple[float, float], int] | None = None):
+        self.rounds: dict[tuple[float, float], int] = dict(rounds or {})
+
+    def epsilon(self, delta: float, extra: tuple[float, float] | None = None) -> float:
+        """User-level epsilon at `delta` of the rounds charged (plus one `extra` (q, sigma) round)."""
+        rounds = dict(self.rounds)
+        if extra is not None:
+            rounds[extra] = rounds.get(extra, 0) + 1
+        by_q: dict[float, dict[float, int]] = {}
+        for (q, sigma), n in rounds.items():
+            by_q.setdefault(q, {})[sigma] = n
+        if not by_q:
+            return 0.0
+        if len(by_q) == 1:
+            (q, noise), = by_q.items()
+            return subsampled_gaussian_epsilon(q, noise, delta)
+        return _mixed_epsilon(by_q, delta)  # rounds at several sampling rates (a server that changed q)
+
+    def admit(self, policy: DevicePolicy, q: float, noise_multiplier: float) -> None:
+        """PolicyRefusal if one more round at (q, sigma) would take this device past its max epsilon."""
+        after = self.epsilon(policy.delta, (round(q, 12), round(noise_multiplier, 12)))
+        if after > policy.max_epsilon * (1 + 1e-9):
+            raise PolicyRefusal(f"one more round would spend epsilon {after:.4g} at delta {policy.delta:g}, past this "
+                                f"device's limit {policy.max_epsilon:g}")
+
+    def charge(self, q: float, noise_multiplier: float) -> None:
+        """Record one released round at (q, sigma)."""
+        key = (round(q, 12), round(noise_multiplier, 12))
+        self.rounds[key] = self.rounds.get(key, 0) + 1
+
+    @property
+    def released(self) -> int:
+        """Rounds charged."""
+        return sum(self.rounds.values())
+
+    def to_json(self) -> str:
+        """The ledger as JSON (for the node's state)."""
+        return json.dumps([[q, s, n] for (q, s), n in sorted(self.rounds.items())])
+
+    @classmethod
+    def from_json(cls, text: str) -> "DeviceLedger":
+        """A ledger from `to_json`."""
+        return cls({(float(q), float(s)): int(n) for q, s, n in json.loads(text)})
+
+
+def _mixed_epsilon(by_q: dict[float, dict[float, int]], delta: float) -> float:
+    """epsilon at `delta` of Poisson-subsampled Gaussian rounds at several sampling rates (RDP adds per order)."""
+    import dp_accounting
+    from dp_accounting import rdp
+
+    accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    for q, noise in by_q.items():
+        for sigma, n in noise.items():
+            accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), n)
+    return float(accountant.get_epsilon(delta))
+
+
+def check_secure_round(own: int, active: list[int], dead: list[int], known: set[int], threshold: int, floor: int) -> None:
+    """PolicyRefusal unless the server's SecAgg+ unmask request is one an honest server sends: the active and dead
+    lists hold distinct nodes, never the same node in both, only nodes this device exchanged shares with (`known`),
+    this device among the active ones, and at least the threshold and the noise floor (K) of active nodes, the
+    nodes whose masked vectors, and so noise shares, are in the sum."""
+    a, d = list(map(int, active)), list(map(int, dead))
+    if len(set(a)) != len(a) or len(set(d)) != len(d) or set(a) & set(d):
+        raise PolicyRefusal("the unmask request repeats a node, or calls one node both active and dropped")
+    if not set(a) | set(d) <= known:
+        raise PolicyRefusal("the unmask request names nodes this device shared no keys with")
+    if own not in set(a):
+        raise PolicyRefusal("the unmask request does not count this device among the active nodes")
+    if len(a) < max(threshold, floor):
+        raise PolicyRefusal(f"the unmask request has {len(a)} active nodes, fewer than the threshold {threshold} or the "
+                            f"noise floor {floor}: the sum would carry less noise than this device allows")

@@ -1,0 +1,133 @@
+"""A curious server replays a device's privacy draws from everything it holds: at chance, in both FedGNN modes.
+
+The strongest replay we know: the server runs the device's own code for the same user, round and weights, with
+everything it holds (the run config and its seed, the node config it assigned, the messages) and, to be generous,
+even the user's data and state; all it lacks is the device's secret, for which it uses the one the device code
+derives from what the server holds. Before device secrets every draw came from (run seed, user, stream), and this
+replay gave back the device's noise exactly (its difference from the real upload was 0), its sampling coins and its
+pseudo items. Each test here fails on such a mechanism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import RecordDict
+from flwr.common import Context
+
+from fedrec_flwr.client_app import device_secret
+from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.local_step import train_users
+from fedrec_flwr.fedgnn.server import FedGNNServer
+from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
+from fedrec_flwr.fedgnn.user_dp import node_update, samples_itself
+from fedrec_flwr.models.rating_gnn import build_model
+from fedrec_flwr.privacy.device_secret import DeviceSecret, DeviceSecretError
+
+
+def _secrets(cfg, partition: int) -> tuple[DeviceSecret, DeviceSecret]:
+    """(the device's own secret, the server's best replay of it). The device keeps its secret in its node state; the
+    server calls the same code with the run config and the node config it holds, without the device's state."""
+    node_config = {"partition-id": partition, "num-partitions": 4}
+    device_context = Context(1, 7, node_config, RecordDict(), {})
+    own = device_secret(cfg, device_context)
+    assert device_secret(cfg, device_context) == own  # the device keeps one secret for the run
+    server = device_secret(cfg, Context(1, 7, dict(node_config), RecordDict(), {}))
+    return own, server
+
+
+def _pair(cfg, secrets: tuple[DeviceSecret, DeviceSecret], user: int):
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
+    return [FedGNNUser(DeviceSections.from_config(cfg, s), meta, parts.user(user), MemoryStore(), model=model)
+            for s in secrets], meta
+
+
+def test_the_server_cannot_replay_ldp_noise_pseudo_items_or_pseudo_rows(tiny_cfg):
+    cfg = tiny_cfg("simulation.device_secrets=''", "model.dropout=0", "privacy.pseudo_items=20")
+    secrets = _secrets(cfg, 0)
+    assert secrets[0] != secrets[1]
+    overlaps, chance, diffs = [], [], []
+    for u in range(6):
+        (device, replay), meta = _pair(cfg, secrets, u)
+        real_set, guess_set = device.register(), replay.register()
+        own = np.union1d(device.data.train_items, device.data.test_items)
+        pseudo, guessed = np.setdiff1d(real_set, own), np.setdiff1d(guess_set, own)
+        overlaps.append(np.intersect1d(pseudo, guessed).size / pseudo.size)
+        chance.append(guessed.size / (meta.num_items - own.size))  # a random guess of as many unrated items
+        replay.state = device.state.copy()  # the server knows the set it received; give it the state too
+        server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
+        weights, rows = server.model_weights(), server.table()[device.state.anonymity_ids]
+        real = train_users([device], weights, [rows], 3)[0]
+        guess = train_users([replay], weights, [rows], 3)[0]
+        diffs.append(np.concatenate([(a - b).ravel() for a, b in zip(real, guess) if a.dtype.kind == "f"]))
+    # pseudo items: the replay finds them no better than a random draw of as many items
+    assert np.mean(overlaps) < np.mean(chance) + 0.15, (overlaps, chance)
+    # noise: what the replay leaves of each coordinate is the difference of two independent Laplace(lambda) draws
+    # (each of std lambda sqrt 2, their difference 2 lambda = 0.4); a replayed stream would leave exactly 0
+    d = np.concatenate(diffs)
+    assert np.std(d) == pytest.approx(2 * cfg.privacy.noise_lambda, rel=0.1)
+    assert np.mean(np.abs(d) < 1e-6) < 0.01
+
+
+def test_the_server_cannot_replay_user_dp_coins_or_noise_shares(tiny_cfg):
+    cfg = tiny_cfg("simulation.device_secrets=''", "privacy.mode=user_dp", "privacy.noise_multiplier=1",
+                   "model.dropout=0")
+    secrets = _secrets(cfg, 1)
+    # coins at q = 1/2 over 60 users x 10 rounds: the replay agrees with half of them, as a fair guess does
+    agree = np.mean([samples_itself(secrets[0], u, r, 0.5) == samples_itself(secrets[1], u, r, 0.5)
+                     for u in range(60) for r in range(2, 12)])
+    assert abs(agree - 0.5) < 0.08, agree
+    (device, replay), meta = _pair(cfg, secrets, 4)
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
+    std = 0.3
+    real = node_update([device], server.model_weights(), server.table(), 2, None, 8, 1.0, std)
+    guess = node_update([replay], server.model_weights(), server.table(), 2, None, 8, 1.0, std)
+    d = np.concatenate([(a - b).ravel() for a, b in zip(real, guess)])
+    # the same clipped update in both: what is left is two independent shares, std 0.3 sqrt 2
+    assert np.std(d) == pytest.approx(std * np.sqrt(2), rel=0.05)
+
+
+def test_a_devices_secret_is_its_own_kept_and_never_taken_from_the_run_config(tiny_cfg, tmp_path):
+    """A deployed device draws its secret once (mode 600) and keeps it; a run config that names a secrets file
+    (which the server writes) is ignored by a deployed node; a bad secret file is refused in one line."""
+    cfg = tiny_cfg(f"simulation.device_secrets={tmp_path / 'experimenter'}")
+    state_dir = tmp_path / "device"
+    deployed = {"user-id": 3, "state-dir": str(state_dir)}
+    first = device_secret(cfg, Context(1, 9, deployed, RecordDict(), {}))
+    assert (state_dir / "device-secret").stat().st_mode & 0o777 == 0o600
+    assert device_secret(cfg, Context(1, 9, dict(deployed), RecordDict(), {})) == first  # kept across restarts
+    simulated = device_secret(cfg, Context(1, 9, {"partition-id": 0}, RecordDict(), {}))
+    assert simulated == DeviceSecret.load_or_create(tmp_path / "experimenter") != first
+    no_dir = device_secret(cfg, Context(1, 9, {"user-id": 3}, RecordDict(), {}))
+    assert no_dir not in (simulated, first)  # deployed without a state dir: its own, not the run config's file
+    assert "<hidden>" in repr(first) and first.fingerprint() != simulated.fingerprint()
+    bad = tmp_path / "bad"
+    bad.write_text("abc\n")
+    bad.chmod(0o600)
+    with pytest.raises(DeviceSecretError, match="hex characters"):
+        DeviceSecret.load_or_create(bad)
+    bad.write_text("00" * 32)
+    bad.chmod(0o644)
+    with pytest.raises(DeviceSecretError, match="read by other users"):
+        DeviceSecret.load_or_create(bad)
+
+
+def test_fixed_device_secrets_replay_a_run_and_leave_no_trace_in_what_the_server_holds(tiny_cfg, tmp_path):
+    """The experimenter's file replays an in-process run bit for bit; another file (or none) gives other draws. The
+    secret appears nowhere in the run's output folder (results.json, rounds.csv, checkpoints)."""
+    from fedrec_flwr.inprocess import run_in_process
+
+    common = ("federation.rounds=2", "federation.eval_every=2", "federation.clients_per_round=20",
+              "checkpoint.every=1")
+    first = run_in_process(tiny_cfg(*common, f"output_dir={tmp_path / 'a'}"), log_every=0)
+    again = run_in_process(tiny_cfg(*common, f"output_dir={tmp_path / 'b'}"), log_every=0)
+    other = run_in_process(tiny_cfg(*common, f"simulation.device_secrets={tmp_path / 'other'}",
+                                    f"output_dir={tmp_path / 'c'}"), log_every=0)
+    assert first["rmse"] == again["rmse"] != other["rmse"]
+    secret_hex = (tmp_path / "device-secrets").read_text().strip()
+    for folder in ("a", "b", "c"):
+        for path in (tmp_path / folder).rglob("*"):
+            if path.is_file():
+                assert secret_hex.encode() not in path.read_bytes()
+                assert bytes.fromhex(secret_hex) not in path.read_bytes()
