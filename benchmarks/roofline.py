@@ -7,10 +7,12 @@ preset's sizes, beside the real path (`fedrec_flwr.fedgnn.local_step.train_users
 One round's sample of `--users` users (seeded), registered with the preset's sampler, on the untrained
 model. Primitives, per user (milliseconds, median of `--repeats`, one torch thread):
 - `noise`: the Laplace draws of the whole upload (model gradients + anonymity-set rows) with the generator
-  the devices use (`standard_laplace`: a float32 exponential and a sign bit); beside it, for reference,
-  numpy's float64 `laplace` and a difference of two float32 exponentials;
+  the devices use (`standard_laplace`, a float32 exponential and a sign bit, over ChaCha20 keyed by a device
+  secret); beside it, for reference, the same draws from numpy's seeded PCG64 (what they cost before device
+  secrets; not secure), numpy's float64 `laplace` and a difference of two float32 exponentials;
 - `clip`: clipping the upload and adding the noise (`privatize_flat`'s arithmetic);
-- `pseudo`: the pseudo rows' draw (`pseudo_gradient_rows`: Ledoit-Wolf fit and the Gaussian draw);
+- `pseudo`: the pseudo rows' draw (`pseudo_gradient_rows`: Ledoit-Wolf fit and the Gaussian draw, from the
+  device's ChaCha20 stream);
 - `gnn`: the GNN's forward and backward on the padded star graphs of the user's batch group, as many
   times as a local step runs them (`local.steps` with all gradients, `user_steps - 1` for the embedding
   alone), on prebuilt tensors.
@@ -41,6 +43,7 @@ from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.models.dense_star import DenseStars, dense_predict, per_user_copies
 from fedrec_flwr.models.rating_gnn import row_width
 from fedrec_flwr.privacy import pseudo_gradient_rows
+from fedrec_flwr.privacy.device_secret import DeviceSecret
 from fedrec_flwr.privacy.ldp import standard_laplace
 from fedrec_flwr.privacy.popularity import estimate_counts
 
@@ -93,9 +96,12 @@ def primitives(cfg, server, devices, device: torch.device, repeats: int) -> dict
     w = row_width(cfg.model)
     params = sum(p.numel() for p in model.parameters())
     sizes = [params + dev.state.anonymity_ids.size * w for dev in devices]
-    rng = np.random.default_rng(0)
+    rng = DeviceSecret.fresh().generator(0, 0)  # the devices' own generator: ChaCha20 keyed by a device secret
+    seeded = np.random.default_rng(0)  # numpy's PCG64, what seeded draws cost (not secure: for comparison only)
     out = {
         "noise": _median_ms(lambda: _each(lambda n: standard_laplace(rng, n), [(n,) for n in sizes]), repeats) / users,
+        "noise_seeded_pcg64": _median_ms(lambda: _each(lambda n: standard_laplace(seeded, n), [(n,) for n in sizes]),
+                                         repeats) / users,
         "noise_numpy_laplace_f64": _median_ms(lambda: _each(lambda n: rng.laplace(0, 1, n), [(n,) for n in sizes]),
                                               repeats) / users,
         "noise_two_exponentials_f32": _median_ms(lambda: _each(
@@ -114,8 +120,7 @@ def primitives(cfg, server, devices, device: torch.device, repeats: int) -> dict
     out["clip"] = _median_ms(clip, repeats) / users
     reals = [torch.randn(dev.data.train_items.size, w, device=device) * 0.1 for dev in devices]
     counts = [dev.state.anonymity_ids.size - dev.data.train_items.size for dev in devices]
-    gen = torch.Generator().manual_seed(0)
-    out["pseudo"] = _median_ms(lambda: _each(lambda r, c: pseudo_gradient_rows(gen, r, c), list(zip(reals, counts))),
+    out["pseudo"] = _median_ms(lambda: _each(lambda r, c: pseudo_gradient_rows(rng, r, c), list(zip(reals, counts))),
                                repeats) / users
     out["gnn"] = gnn_ms(cfg, model, devices, device, repeats) / users
     out["floor"] = out["noise"] + out["clip"] + out["pseudo"] + out["gnn"]

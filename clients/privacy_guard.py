@@ -15,7 +15,10 @@ the node's state (Context.state) and, where the node has a `state-dir`, in a fil
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -33,22 +36,27 @@ from fedrec_flwr.fedgnn.device_policy import (
     check_secure_round,
     share_std,
 )
+from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN
 from fedrec_flwr.fsutil import atomic_write
 
 log = logging.getLogger(__name__)
-STATE_KEY = "fedrec.device"  # the node's own record: its ledger (and, in a simulation, its secret)
+STATE_KEY = "fedrec.device"  # the node's own record: its ledger, a pending charge (and, in a simulation, its secret)
+FIT_CONFIG = "fitins.config"  # where Flower's compat layer puts a fit message's config (the round's phase)
 
 
 @dataclass(frozen=True)
 class DeviceTerms:
     """What a device computes for itself about a user-DP run: its policy, the sampling rate q and sigma from the run's
-    config and its own count of users, the clip norm, the noise floor K, and where its ledger is kept on disk."""
+    config and its own count of users, the clip norm, the noise floor K, the SecAgg+ ranges an honest server sets
+    (per-coordinate clipping and quantisation), and where its ledger is kept on disk."""
 
     policy: DevicePolicy
     q: float
     noise_multiplier: float
     clip_norm: float
     floor: int
+    clipping_range: float = 0.0
+    quantization_range: int = 0
     ledger_file: Path | None = None
 
     @property
@@ -58,46 +66,86 @@ class DeviceTerms:
 
 
 def load_ledger(context: Context, terms: DeviceTerms) -> DeviceLedger:
-    """The device's ledger: from its node state, else its file, else empty."""
+    """The device's ledger: its file where it has one (the single record across runs and restarts), else its node
+    state, else empty."""
+    if terms.ledger_file is not None:
+        return DeviceLedger.from_json(terms.ledger_file.read_text(encoding="utf-8")) \
+            if terms.ledger_file.is_file() else DeviceLedger()
     rec = context.state.config_records.get(STATE_KEY)
-    if rec is not None and "ledger" in rec:
-        return DeviceLedger.from_json(str(rec["ledger"]))
-    if terms.ledger_file is not None and terms.ledger_file.is_file():
-        return DeviceLedger.from_json(terms.ledger_file.read_text(encoding="utf-8"))
-    return DeviceLedger()
+    return DeviceLedger.from_json(str(rec["ledger"])) if rec is not None and "ledger" in rec else DeviceLedger()
 
 
 def save_ledger(context: Context, terms: DeviceTerms, ledger: DeviceLedger) -> None:
-    """Keep the ledger in the node state (and its file)."""
+    """Keep the ledger: in its file (written atomically) where the device has one, else in the node state."""
+    if terms.ledger_file is not None:
+        atomic_write(terms.ledger_file, ledger.to_json().encode())
+        return
     rec = context.state.config_records.get(STATE_KEY) or ConfigRecord({})
     rec["ledger"] = ledger.to_json()
     context.state.config_records[STATE_KEY] = rec
-    if terms.ledger_file is not None:
-        atomic_write(terms.ledger_file, ledger.to_json().encode())
+
+
+@contextmanager
+def ledger_lock(terms: DeviceTerms):
+    """An exclusive lock on the ledger file for a read-modify-write (two runs on one device charge in turn)."""
+    if terms.ledger_file is None:
+        yield
+        return
+    terms.ledger_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(terms.ledger_file.with_suffix(".lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _pending(context: Context) -> list[float] | None:
+    rec = context.state.config_records.get(STATE_KEY)
+    return None if rec is None or "pending" not in rec or not rec["pending"] else [float(x) for x in rec["pending"]]
+
+
+def _set_pending(context: Context, pending: list[float]) -> None:
+    rec = context.state.config_records.get(STATE_KEY) or ConfigRecord({})
+    rec["pending"] = pending
+    context.state.config_records[STATE_KEY] = rec
+
+
+def _phase(msg: Message) -> str:
+    rec = msg.content.config_records.get(FIT_CONFIG)
+    return str(rec.get("phase", "")) if rec is not None else ""
 
 
 def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
-    """The guard mod; `terms_of(context)` gives the device's terms for the run (`DeviceTerms`)."""
+    """The guard mod for user-DP runs; `terms_of(context)` gives the device's terms for the run (`DeviceTerms`)."""
 
     def mod(msg: Message, context: Context, call_next) -> Message:
-        if msg.metadata.message_type != MessageType.TRAIN or RECORD_KEY_CONFIGS not in msg.content.config_records:
+        if msg.metadata.message_type != MessageType.TRAIN:
+            return call_next(msg, context)  # evaluation: outside the guarantee (docs/privacy.md)
+        if RECORD_KEY_CONFIGS not in msg.content.config_records:
+            if _phase(msg) != PHASE_REGISTER:  # a plain upload would carry one node's vector with 1/sqrt(K) noise
+                raise PolicyRefusal(f"a user-DP device sends nothing outside SecAgg+ but its registration; "
+                                    f"refused a plain {_phase(msg) or 'unlabelled'} message")
             return call_next(msg, context)
         configs = msg.content.config_records[RECORD_KEY_CONFIGS]
         stage = str(configs.get(Key.STAGE, ""))
         terms = terms_of(context)
         if stage == Stage.SETUP:
-            shares, sampled = int(configs[Key.SHARE_NUMBER]), int(configs[Key.SAMPLE_NUMBER])
-            if shares != sampled:
-                raise PolicyRefusal(f"SecAgg+ shares with {shares} of {sampled} nodes: this device must share with "
-                                    "every node to count the nodes in the sum (privacy.secagg_shares = 1)")
-            terms.policy.admit_threshold(int(configs[Key.THRESHOLD]), shares)
-            _admit_count(sampled, terms.floor, "nodes sampled")
+            _check_setup(configs, terms)
+            _set_pending(context, [])  # a pending charge of an earlier round stays charged in full
         elif stage == Stage.SHARE_KEYS:
             _admit_count(sum(1 for k in configs if k != Key.STAGE), terms.floor, "nodes exchanging keys")  # one per node
         elif stage == Stage.COLLECT_MASKED_VECTORS:
             _admit_count(len(configs[Key.CIPHERTEXT_LIST]) + 1, terms.floor, "nodes sending masked vectors")
             terms.policy.admit_run(terms.noise_multiplier, terms.clip_norm)
-            load_ledger(context, terms).admit(terms.policy, terms.q, terms.noise_multiplier)
+            if _phase(msg) != PHASE_TRAIN:
+                raise PolicyRefusal(f"a secure round of phase {_phase(msg)!r}: this device sums training updates only")
+            with ledger_lock(terms):  # charged in full (sigma, as at the floor) before the masked vector leaves
+                ledger = load_ledger(context, terms)
+                ledger.admit(terms.policy, terms.q, terms.noise_multiplier)
+                ledger.charge(terms.q, terms.noise_multiplier)
+                save_ledger(context, terms, ledger)
+            _set_pending(context, [terms.q, terms.noise_multiplier])
         elif stage == Stage.UNMASK:
             state = context.state.config_records[RECORD_KEY_STATE]
             own, threshold = int(state["nid"]), int(state["threshold"])
@@ -105,14 +153,36 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
             active = list(configs[Key.ACTIVE_NODE_ID_LIST])
             check_secure_round(own, active, list(configs[Key.DEAD_NODE_ID_LIST]), known, threshold, terms.floor)
             reply = call_next(msg, context)
-            if not reply.has_error():
-                ledger = load_ledger(context, terms)
-                ledger.charge(terms.q, charged_multiplier(terms.noise_multiplier, len(active), terms.floor))
-                save_ledger(context, terms, ledger)
+            pending = _pending(context)
+            if not reply.has_error() and pending is not None:  # the sum's k shares: charge what it carries
+                with ledger_lock(terms):
+                    ledger = load_ledger(context, terms)
+                    ledger.refund(*pending)
+                    ledger.charge(pending[0], charged_multiplier(pending[1], len(active), terms.floor))
+                    save_ledger(context, terms, ledger)
+                _set_pending(context, [])
             return reply
         return call_next(msg, context)
 
     return mod
+
+
+def _check_setup(configs, terms: DeviceTerms) -> None:
+    """PolicyRefusal unless SecAgg+'s setup is what an honest server sends this device: every node shares with every
+    other, a threshold of at least 2/3, at least K nodes, and the ranges the device computes itself (a server that
+    gave other nodes another weight or range could leave this node's vector alone in the sum)."""
+    shares, sampled = int(configs[Key.SHARE_NUMBER]), int(configs[Key.SAMPLE_NUMBER])
+    if shares != sampled:
+        raise PolicyRefusal(f"SecAgg+ shares with {shares} of {sampled} nodes: this device must share with "
+                            "every node to count the nodes in the sum (privacy.secagg_shares = 1)")
+    terms.policy.admit_threshold(int(configs[Key.THRESHOLD]), shares)
+    _admit_count(sampled, terms.floor, "nodes sampled")
+    expected = {Key.MAX_WEIGHT: 1.0, Key.MOD_RANGE: float(2**32), Key.CLIPPING_RANGE: terms.clipping_range,
+                Key.TARGET_RANGE: float(terms.quantization_range)}
+    for key, want in expected.items():
+        got = float(configs[key])
+        if not math.isclose(got, want, rel_tol=1e-9):
+            raise PolicyRefusal(f"SecAgg+ setup {key} = {got:g}, not the {want:g} this device computes for the run")
 
 
 def _admit_count(nodes: int, floor: int, what: str) -> None:

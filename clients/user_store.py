@@ -4,6 +4,7 @@ device's disk when runs must survive a restart. Never sent to the recommendation
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
 
@@ -77,8 +78,10 @@ class NodeStateStore:
     a resumed run, the round it resumes from.
     """
 
-    def __init__(self, state: RecordDict, files: UserStateFiles | None = None):
-        self.state, self.files = state, files
+    def __init__(self, state: RecordDict, files: UserStateFiles | None = None, draws_file: Path | None = None):
+        """`draws_file`: where a device with its own disk (`state-dir`) keeps the rounds its users drew for, so
+        that even across runs and restarts a round the server repeats never repeats a draw."""
+        self.state, self.files, self.draws_file = state, files, draws_file
         self.checkpoint_round, self.resume_from = 0, -1
 
     @staticmethod
@@ -104,6 +107,24 @@ class NodeStateStore:
         self.state[self._key(user)] = ConfigRecord({"state": encode_state(st)})
         if self.files is not None and (server_round > 0 or not self.files.has(user)):
             self.files.save(user, st, server_round, self.checkpoint_round)
+
+    def draw_attempt(self, user: int, server_round: int) -> int:
+        """The times `user` drew for `server_round` before (`fedgnn.user.UserStore.draw_attempt`): counted in the
+        node state for the run, and in `draws_file` (before the draw is used) where the device has a disk."""
+        key = f"{user}:{server_round}"
+        rec = self.state.config_records.get(_DRAWS_KEY)
+        if rec is None:
+            on_disk = json.loads(self.draws_file.read_text()) if self.draws_file and self.draws_file.is_file() else {}
+            rec = ConfigRecord({k: int(v) for k, v in on_disk.items()})
+        seen = int(rec.get(key, 0))
+        rec[key] = seen + 1
+        self.state.config_records[_DRAWS_KEY] = rec
+        if self.draws_file is not None:
+            atomic_write(self.draws_file, json.dumps({k: int(v) for k, v in rec.items()}).encode())
+        return seen
+
+
+_DRAWS_KEY = "fedgnn.draws"  # user:round -> draws made for that round (NodeStateStore.draw_attempt)
 
 
 _DOMAIN_KEYS = ("mu", "sigma_raw")

@@ -276,6 +276,8 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
         starts = [*range(nodes + 1), nodes + 1] if per_user else range(nodes + 1)
         for i in starts:  # the impostor (registered, unlisted) holds device 0's file and claims its user
             node_config = f"data-path='{files[i if i < nodes else 0]}' state-dir='{work / 'devices' / str(i)}'"
+            if algorithm != "fppdm":  # the device's own privacy mode: user-level DP unless its operator opts into LDP
+                node_config += f" privacy-mode='{'user_dp' if preset == 'fedgnn_user_dp' else 'ldp'}'"
             # only the never-registered node gives up (it is refused at activation); the others retry as long
             # as Flower's default, so a SuperLink slowed by a loaded machine does not lose a device
             give_up = ["--max-retries", "3", "--max-wait-time", "30"] if i == nodes else []

@@ -104,8 +104,7 @@ def device_secret(cfg: AppConfig, context: Context) -> DeviceSecret:
     nc = context.node_config
     if nc.get("state-dir"):
         return DeviceSecret.load_or_create(Path(str(nc["state-dir"])) / "device-secret")
-    deployed = "user-id" in nc or bool(nc.get("data-path"))
-    if cfg.simulation.device_secrets and not deployed:
+    if cfg.simulation.device_secrets and not _deployed(nc):
         return _fixed_secret(str(Path(cfg.simulation.device_secrets).resolve()))
     rec = context.state.config_records.get(STATE_KEY) or ConfigRecord({})
     if "secret" not in rec:
@@ -122,29 +121,42 @@ def _run_sigma(cfg_key: tuple, num_users: int) -> float:
     return run_noise_multiplier(cfg.privacy, cfg.federation.clients_per_round, num_users, cfg.federation.rounds)
 
 
+def _deployed(node_config) -> bool:
+    """A real device (its own `user-id` or `data-path`), not a simulated node: its limits come from its node config."""
+    return "user-id" in node_config or bool(node_config.get("data-path"))
+
+
 def device_terms(context: Context) -> DeviceTerms:
     """What this device computes for itself about a user-DP run (`clients.privacy_guard.DeviceTerms`): its policy
     (the node config's limits in a deployment, the run's own settings in a simulation), q and sigma from the run's
-    config and its own count of users, and the noise floor K."""
+    config and its own count of users, the noise floor K, and the SecAgg+ ranges an honest server sets. A deployed
+    device without a `state-dir` is refused: its budget must outlive a run."""
     from fedrec_flwr.fedgnn.accounting import sample_rate
-    from fedrec_flwr.fedgnn.device_policy import DevicePolicy, floor_nodes
+    from fedrec_flwr.fedgnn.device_policy import DevicePolicy, PolicyRefusal, floor_nodes, share_std
+    from fedrec_flwr.fedgnn.user_dp import secagg_clipping_range, secagg_quantization_range
 
     key = _key(context)
     cfg = _config(key)
     nc = context.node_config
+    deployed = _deployed(nc)
+    if deployed and not nc.get("state-dir"):
+        raise PolicyRefusal("a deployed device keeps its privacy ledger in its state-dir, and its node config has none")
     if nc.get("data-path"):  # deployment: one user per node, the population from the device's own catalogue
         num_users = _user_file(str(nc["data-path"]))[0].num_users
-        nodes = num_users
+        nodes, per_node = num_users, 1
     else:
         num_users = _partitions(key).meta.num_users
-        nodes = -(-num_users // cfg.simulation.users_per_node)
+        per_node = 1 if deployed else cfg.simulation.users_per_node
+        nodes = -(-num_users // per_node)
     sigma = _run_sigma(key, num_users)
-    deployed = "user-id" in nc or bool(nc.get("data-path"))
     policy = DevicePolicy.from_node_config(nc) if deployed else DevicePolicy.from_run(cfg.privacy, sigma)
-    floor = max(policy.floor_nodes(nodes), floor_nodes(cfg.privacy.min_node_fraction, nodes))
+    run_floor = floor_nodes(cfg.privacy.min_node_fraction, nodes)
+    floor = max(policy.floor_nodes(nodes), run_floor)
     ledger = Path(str(nc["state-dir"])) / "privacy-ledger.json" if nc.get("state-dir") else None
     return DeviceTerms(policy, sample_rate(cfg.federation.clients_per_round, num_users), sigma, cfg.privacy.clip_norm,
-                       floor, ledger)
+                       floor, secagg_clipping_range(cfg.privacy.clip_norm, per_node,
+                                                    share_std(sigma, cfg.privacy.clip_norm, run_floor)),
+                       secagg_quantization_range(nodes), ledger)
 
 
 @functools.lru_cache(maxsize=2)
@@ -193,7 +205,9 @@ def fedgnn_client(cfg: AppConfig, context: Context, device: torch.device):
     from clients.faults import with_faults
     from clients.fedgnn import FedGNNClient
 
-    store = NodeStateStore(context.state, state_files(cfg, context.node_config))
+    state_dir = context.node_config.get("state-dir")
+    store = NodeStateStore(context.state, state_files(cfg, context.node_config),
+                           Path(str(state_dir)) / "draws.json" if state_dir else None)
     secret = device_secret(cfg, context)
     terms = device_terms(context) if cfg.privacy.mode == "user_dp" else None
     if context.node_config.get("data-path"):  # deployment: this node's own file, nothing else
@@ -217,12 +231,21 @@ def optional_secaggplus_mod(msg, context: Context, call_next):
     return secaggplus_mod(msg, context, call_next)
 
 
-def guard_if_user_dp(msg, context: Context, call_next):
-    """The device's privacy guard (`clients.privacy_guard`) around SecAgg+ in user-DP runs."""
-    if _config(_key(context)).privacy.mode != "user_dp":
+def device_guard(msg, context: Context, call_next):
+    """The device's own privacy policy on every FedGNN message: a deployed device takes part only in runs of the
+    privacy mode its node config allows (user-level DP unless its operator opts into the paper's LDP); in user-DP
+    runs the guard of `clients.privacy_guard` wraps SecAgg+."""
+    from fedrec_flwr.fedgnn.device_policy import DevicePolicy
+
+    cfg = _config(_key(context))
+    if cfg.algorithm != "fedgnn":
+        return call_next(msg, context)
+    if _deployed(context.node_config):
+        DevicePolicy.from_node_config(context.node_config).admit_mode(cfg.privacy.mode)
+    if cfg.privacy.mode != "user_dp":
         return call_next(msg, context)
     return _GUARD(msg, context, call_next)
 
 
 _GUARD = privacy_guard(device_terms)
-app = ClientApp(client_fn=client_fn, mods=[guard_if_user_dp, optional_secaggplus_mod])
+app = ClientApp(client_fn=client_fn, mods=[device_guard, optional_secaggplus_mod])

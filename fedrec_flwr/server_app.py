@@ -101,6 +101,7 @@ def secagg_fit_workflow(cfg, strategy):
     from flwr.server.workflow.default_workflows import default_fit_workflow
 
     from fedrec_flwr.federation_size import user_nodes
+    from fedrec_flwr.fedgnn.device_policy import share_std
     from fedrec_flwr.fedgnn.user_dp import secagg_clipping_range, secagg_quantization_range
 
     p = cfg.privacy
@@ -108,7 +109,8 @@ def secagg_fit_workflow(cfg, strategy):
     per_node = 1 if cfg.data.catalogue else cfg.simulation.users_per_node
     nodes = strategy.bindings.num_users if cfg.data.catalogue else user_nodes(cfg)
     secure = SecAggPlusWorkflow(num_shares=p.secagg_shares, reconstruction_threshold=p.secagg_threshold, max_weight=1.0,
-                                clipping_range=secagg_clipping_range(p.clip_norm, sigma, per_node),
+                                clipping_range=secagg_clipping_range(p.clip_norm, per_node,
+                                                                     share_std(sigma, p.clip_norm, strategy.rounds.secure_floor)),
                                 quantization_range=secagg_quantization_range(nodes),
                                 timeout=cfg.federation.round_timeout or None)
 

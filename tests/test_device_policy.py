@@ -16,7 +16,7 @@ from flwr.app.message_type import MessageType
 from flwr.common import Context, Message, Metadata
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Key, Stage
 
-from clients.privacy_guard import DeviceTerms, load_ledger, privacy_guard
+from clients.privacy_guard import FIT_CONFIG, DeviceTerms, load_ledger, privacy_guard
 from fedrec_flwr.fedgnn.accounting import UserDPAccountant, calibrate_noise_multiplier
 from fedrec_flwr.fedgnn.device_policy import DevicePolicy, PolicyRefusal, charged_multiplier, floor_nodes
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
@@ -24,10 +24,19 @@ from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 OWN = 5
 
 
-def _message(stage: str, **configs) -> Message:
-    metadata = Metadata(1, stage, 0, OWN, "", "", time.time(), 600.0, MessageType.TRAIN)
-    return Message(metadata=metadata, content=RecordDict({RECORD_KEY_CONFIGS: ConfigRecord({Key.STAGE: stage,
-                                                                                          **configs})}))
+def _message(stage: str | None, phase: str = "train", **configs) -> Message:
+    """A training message of the SecAgg+ `stage` (None: a plain one), its fit config saying `phase`."""
+    metadata = Metadata(1, str(stage), 0, OWN, "", "", time.time(), 600.0, MessageType.TRAIN)
+    content = RecordDict({FIT_CONFIG: ConfigRecord({"phase": phase, "round": 2})})
+    if stage is not None:
+        content.config_records[RECORD_KEY_CONFIGS] = ConfigRecord({Key.STAGE: stage, **configs})
+    return Message(metadata=metadata, content=content)
+
+
+def _setup(n: int, threshold: int, terms: DeviceTerms, **changed) -> Message:
+    honest = {Key.SHARE_NUMBER: n, Key.SAMPLE_NUMBER: n, Key.THRESHOLD: threshold, Key.MAX_WEIGHT: 1.0,
+              Key.MOD_RANGE: 2**32, Key.CLIPPING_RANGE: terms.clipping_range, Key.TARGET_RANGE: terms.quantization_range}
+    return _message(Stage.SETUP, **{**honest, **changed})
 
 
 class Device:
@@ -35,32 +44,35 @@ class Device:
 
     def __init__(self, terms: DeviceTerms):
         self.context = Context(1, OWN, {"partition-id": 0}, RecordDict(), {})
+        self.terms = terms
         self.mod = privacy_guard(lambda context: terms)
         self.reached: list[str] = []
 
     def call_next(self, msg: Message, context: Context) -> Message:
-        stage = str(msg.content.config_records[RECORD_KEY_CONFIGS][Key.STAGE])
+        configs = msg.content.config_records.get(RECORD_KEY_CONFIGS)
+        stage = "plain" if configs is None else str(configs[Key.STAGE])
         self.reached.append(stage)
         meta = msg.metadata
         return Message(metadata=Metadata(1, "reply", OWN, 0, meta.message_id, "", time.time(), 600.0,
                                          meta.message_type), content=RecordDict())
 
-    def secure_round(self, nodes: list[int], threshold: int, active: list[int]) -> bool:
+    def secure_round(self, nodes: list[int], threshold: int, active: list[int], unmask: bool = True) -> bool:
         """One SecAgg+ round among `nodes` with the `active` ones left at unmasking; True if the device released its
-        shares (the sum could be unmasked), False if it refused at some stage."""
+        shares (the sum could be unmasked), False if it refused at some stage. `unmask` False: the server never
+        sends this device the unmask stage (it unmasks the sum with the other nodes' shares)."""
         n = len(nodes)
         self.reached.clear()
         self.context.state.config_records[RECORD_KEY_STATE] = ConfigRecord(
             {"nid": OWN, "threshold": threshold, "rd_seed_share_dict:K": list(nodes),
              "rd_seed_share_dict:V": [b"s"] * n})
         stages = [
-            _message(Stage.SETUP, **{Key.SHARE_NUMBER: n, Key.SAMPLE_NUMBER: n, Key.THRESHOLD: threshold}),
+            _setup(n, threshold, self.terms),
             _message(Stage.SHARE_KEYS, **{str(nid): [b"pk1", b"pk2"] for nid in nodes}),
             _message(Stage.COLLECT_MASKED_VECTORS, **{Key.CIPHERTEXT_LIST: [b"c"] * (n - 1),
                                                       Key.SOURCE_LIST: [x for x in nodes if x != OWN]}),
             _message(Stage.UNMASK, **{Key.ACTIVE_NODE_ID_LIST: list(active),
                                       Key.DEAD_NODE_ID_LIST: [x for x in nodes if x not in active]}),
-        ]
+        ][: 4 if unmask else 3]
         try:
             for msg in stages:
                 self.mod(msg, self.context, self.call_next)
@@ -69,39 +81,86 @@ class Device:
         return True
 
 
-def _terms(policy: DevicePolicy, q: float, sigma: float, floor: int) -> DeviceTerms:
-    return DeviceTerms(policy, q, sigma, 1.0, floor)
+def _terms(policy: DevicePolicy, q: float, sigma: float, floor: int, clip: float = 1.0) -> DeviceTerms:
+    return DeviceTerms(policy, q, sigma, clip, floor, clip + 8 * sigma * clip / math.sqrt(floor), 2**24)
 
 
 def test_no_dropout_takes_a_device_past_its_budget_and_its_ledger_agrees_with_the_servers():
     """60 one-user nodes, noise floor K = 48. The server keeps asking for rounds (three times what the budget
-    allows) with random dropouts before unmasking. The device never lets a sum with fewer than K nodes through,
-    charges each released round at the noise its k shares carry, sits out once one more round would pass its
-    target, and its ledger equals the server's (which charges the same k) round for round."""
+    allows). The device charges each round in full before its masked vector leaves, then, at unmasking, what the
+    sum of the k active shares carries. With random dropouts before unmasking it never lets a sum of fewer than K
+    nodes through (it stays charged in full for those), never passes its target, and sits out once one more round
+    would; on an honest run (no dropouts) its ledger equals the server's round for round."""
     nodes, q, target, planned = list(range(1, 61)), 20 / 60, 4.0, 30
     sigma = calibrate_noise_multiplier(q, planned, target, 1e-5)
     privacy = SimpleNamespace(target_epsilon=target, delta=1e-5, clip_norm=1.0, min_node_fraction=0.8)
     policy = DevicePolicy.from_run(privacy, sigma)
     floor = policy.floor_nodes(len(nodes))
     assert floor == 48
-    device = Device(_terms(policy, q, sigma, floor))
-    server = UserDPAccountant(60, q, sigma, 1.0, 1e-5, target)
     rng = np.random.default_rng(0)
-    released = refused_small = 0
-    for _ in range(3 * planned):
-        k = int(rng.integers(40, 61))  # 0 to 20 nodes drop after sending their masked vectors
-        active = [OWN, *rng.choice([x for x in nodes if x != OWN], k - 1, replace=False).tolist()]
-        if device.secure_round(nodes, math.ceil(0.7 * 60), active):
-            released += 1
-            server.record_round(charged_multiplier(sigma, k, floor))
-            assert k >= floor
-        elif k < floor:
-            refused_small += 1
-            assert Stage.UNMASK not in device.reached  # its shares never reached the server
-        ledger = load_ledger(device.context, _terms(policy, q, sigma, floor))
-        assert ledger.epsilon(1e-5) <= target * (1 + 1e-9)
-        assert ledger.epsilon(1e-5) == pytest.approx(server.epsilon(), rel=1e-9, abs=1e-12)
-    assert refused_small > 0 and planned <= released < 3 * planned  # dropouts add noise: more rounds than planned fit
+    for dropouts in (True, False):
+        terms = _terms(policy, q, sigma, floor)
+        device = Device(terms)
+        server = UserDPAccountant(60, q, sigma, 1.0, 1e-5, target)
+        released = refused_small = 0
+        for _ in range(3 * planned):
+            k = int(rng.integers(40, 61)) if dropouts else 60  # nodes that drop after sending their masked vectors
+            active = [OWN, *rng.choice([x for x in nodes if x != OWN], k - 1, replace=False).tolist()]
+            if device.secure_round(nodes, math.ceil(0.7 * 60), active):
+                released += 1
+                server.record_round(charged_multiplier(sigma, k, floor))
+                assert k >= floor
+            elif k < floor and Stage.COLLECT_MASKED_VECTORS in device.reached:
+                refused_small += 1
+                assert Stage.UNMASK not in device.reached  # its shares never reached the server
+            spent = load_ledger(device.context, terms).epsilon(1e-5)
+            assert server.epsilon() - 1e-9 <= spent <= target * (1 + 1e-9)
+            if not dropouts:
+                assert spent == pytest.approx(server.epsilon(), rel=1e-9, abs=1e-12)
+        # all report: sigma sqrt(60/48) a round, so more rounds than planned fit; with dropouts the rounds refused at
+        # unmasking stay charged in full, so fewer do
+        assert 0 < released < 3 * planned and (released >= planned or dropouts)
+        assert (refused_small > 0) == dropouts
+
+
+def test_a_device_the_server_never_asks_to_unmask_stays_charged_in_full():
+    """The server can unmask the sum with the other nodes' shares alone; the device was charged at sigma (as if at
+    the floor) before its masked vector left, so skipping its unmask stage saves the server nothing."""
+    sigma = 1.0
+    policy = DevicePolicy.from_run(SimpleNamespace(target_epsilon=8.0, delta=1e-5, clip_norm=1.0,
+                                                   min_node_fraction=0.8), sigma)
+    terms = _terms(policy, 0.1, sigma, 10)
+    device = Device(terms)
+    nodes = list(range(1, 13))
+    assert device.secure_round(nodes, 9, nodes, unmask=False)
+    ledger = load_ledger(device.context, terms)
+    assert ledger.rounds == {(0.1, 1.0): 1}  # the full charge, not sigma sqrt(12 / 10)
+    assert device.secure_round(nodes, 9, nodes)  # a later honest round: its own charge settles at the k shares
+    assert load_ledger(device.context, terms).rounds == {(0.1, 1.0): 1, (0.1, round(math.sqrt(12 / 10), 12)): 1}
+
+
+def test_a_user_dp_device_sends_nothing_outside_secagg_but_its_registration():
+    """A plain training message would return one node's vector with only its share of the noise (1/sqrt(K) of
+    sigma C), uncharged: the guard refuses it before the client runs; registration passes."""
+    terms = _terms(DevicePolicy(), 0.1, 1.0, 10)
+    device = Device(terms)
+    for phase in ("train", "popularity", "expand_submit", ""):
+        with pytest.raises(PolicyRefusal, match="outside SecAgg"):
+            device.mod(_message(None, phase), device.context, device.call_next)
+    assert device.reached == []
+    device.mod(_message(None, "register"), device.context, device.call_next)
+    assert device.reached == ["plain"]
+
+
+@pytest.mark.parametrize("changed", [{Key.MAX_WEIGHT: 1e12}, {Key.MOD_RANGE: 2**40}, {Key.CLIPPING_RANGE: 1e6},
+                                     {Key.TARGET_RANGE: 2**8}])
+def test_secagg_setups_that_could_leave_one_vector_alone_in_the_sum_are_refused(changed):
+    """A server that gives other nodes another weight (their quantised values round to a constant) or other ranges
+    could read one node's vector from the "sum"; the device refuses any setup it would not compute itself."""
+    terms = _terms(DevicePolicy(), 0.1, 1.0, 10)
+    device = Device(terms)
+    with pytest.raises(PolicyRefusal, match="setup"):
+        device.mod(_setup(12, 9, terms, **changed), device.context, device.call_next)
 
 
 def test_a_run_that_asks_for_less_noise_or_a_larger_clip_gets_no_update_from_the_device():
@@ -110,10 +169,10 @@ def test_a_run_that_asks_for_less_noise_or_a_larger_clip_gets_no_update_from_the
     policy = DevicePolicy.from_node_config({"privacy-min-noise-multiplier": 1.0, "privacy-max-clip-norm": 0.5})
     nodes = list(range(1, 11))
     for sigma, clip in ((0.6, 0.5), (1.2, 1.0)):
-        device = Device(DeviceTerms(policy, 0.1, sigma, clip, floor_nodes(0.8, 10)))
+        device = Device(_terms(policy, 0.1, sigma, floor_nodes(0.8, 10), clip))
         assert not device.secure_round(nodes, 7, nodes)
         assert Stage.COLLECT_MASKED_VECTORS not in device.reached
-    device = Device(DeviceTerms(policy, 0.1, 1.2, 0.5, floor_nodes(0.8, 10)))
+    device = Device(_terms(policy, 0.1, 1.2, floor_nodes(0.8, 10), 0.5))
     assert device.secure_round(nodes, 7, nodes) and Stage.UNMASK in device.reached
     with pytest.raises(ValueError, match="privacy-min-nodes"):
         DevicePolicy.from_node_config({"privacy-min-nodes": 2})
@@ -130,7 +189,7 @@ def test_unmask_requests_no_honest_server_sends_are_refused(attack):
     if attack == "low threshold":
         threshold = 6  # a half-threshold lets a server collect both secrets of a node it calls dropped to half
     elif attack == "partial sharing":
-        msg = _message(Stage.SETUP, **{Key.SHARE_NUMBER: 5, Key.SAMPLE_NUMBER: 12, Key.THRESHOLD: 4})
+        msg = _setup(12, 9, terms, **{Key.SHARE_NUMBER: 5})
         with pytest.raises(PolicyRefusal, match="every node"):
             device.mod(msg, device.context, device.call_next)
         return
@@ -153,7 +212,10 @@ def test_unmask_requests_no_honest_server_sends_are_refused(attack):
     if attack == "below the floor" and OWN not in active:
         active = [*active[:-1], OWN]
     assert not device.secure_round(nodes, threshold, active)
-    assert load_ledger(device.context, terms).released == 0
+    assert Stage.UNMASK not in device.reached  # its shares never released
+    # refused at setup: nothing charged; at unmasking: its masked vector had left, so it stays charged in full
+    charged = {} if attack == "low threshold" else {(0.1, 1.0): 1}
+    assert load_ledger(device.context, terms).rounds == charged
 
 
 def test_flowers_threshold_at_the_default_fraction_defeats_the_two_list_unmasking_for_every_cohort():
@@ -194,3 +256,25 @@ def test_the_server_charges_the_noise_a_sum_of_k_shares_carries(tiny_cfg):
     rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(60, block_size=10), 4.0)
     assert rounds.secure_floor == floor_nodes(0.8, 6) == 5
     assert rounds.charged_multiplier(6) == pytest.approx(math.sqrt(6 / 5))
+
+
+def test_a_deployed_device_takes_part_only_in_runs_of_its_own_privacy_mode(tmp_path):
+    """The server writes the run config: a run that switches a user-DP device to the paper's LDP (or LDP off) gets
+    nothing from it, unless its operator opted it into LDP (node config privacy-mode)."""
+    from fedrec_flwr.client_app import device_guard
+
+    run_config = {"preset": "fedgnn_paper", "dataset": "synthetic", "data-dir": str(tmp_path), "seed": 0,
+                  "cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "out"), "set": "privacy.ldp=false"}
+    seen = []
+
+    def call_next(msg, context):
+        seen.append(msg)
+        return msg
+
+    device = {"data-path": str(tmp_path / "user.npz"), "state-dir": str(tmp_path / "dev")}
+    with pytest.raises(PolicyRefusal, match="privacy-mode"):
+        device_guard(_message(None, "register"), Context(1, OWN, device, RecordDict(), run_config), call_next)
+    assert not seen
+    opted_in = {**device, "privacy-mode": "ldp"}
+    device_guard(_message(None, "register"), Context(1, OWN, opted_in, RecordDict(), run_config), call_next)
+    assert len(seen) == 1

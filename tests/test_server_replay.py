@@ -131,3 +131,25 @@ def test_fixed_device_secrets_replay_a_run_and_leave_no_trace_in_what_the_server
             if path.is_file():
                 assert secret_hex.encode() not in path.read_bytes()
                 assert bytes.fromhex(secret_hex) not in path.read_bytes()
+
+
+def test_a_round_the_server_sends_again_gets_fresh_draws(tiny_cfg):
+    """The streams of a round are keyed by the round and by how often the device was asked for it: a server that
+    repeats round r with another model (or a new run that reuses r on a device that keeps its secret) gets new
+    noise, so the difference of the two replies is not noise-free; coins are fresh too."""
+    cfg = tiny_cfg("privacy.mode=user_dp", "privacy.noise_multiplier=1", "model.dropout=0")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    store = MemoryStore()
+    device_cfg = DeviceSections.from_config(cfg)
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
+
+    def reply():
+        user = FedGNNUser(device_cfg, meta, parts.user(4), store, model=model)  # a new message, the same device
+        return node_update([user], server.model_weights(), server.table(), 7, None, 8, 1.0, 0.3)
+
+    first, again = reply(), reply()
+    d = np.concatenate([(a - b).ravel() for a, b in zip(first, again)])
+    assert np.std(d) == pytest.approx(0.3 * np.sqrt(2), rel=0.05)
+    assert store.draws[(4, 7)] == 2

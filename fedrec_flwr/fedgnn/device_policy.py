@@ -47,15 +47,22 @@ class DevicePolicy:
     min_nodes: int = 3  # fewest nodes in a secure sum: with two, each could subtract its own vector
     min_node_fraction: float = 0.8  # the noise floor: shares sized for this fraction of the run's nodes reporting
     min_threshold: float = MIN_THRESHOLD
+    mode: str = "user_dp"  # the only privacy.mode the device takes part in ("user_dp" or "ldp")
 
     @classmethod
     def from_node_config(cls, node_config) -> "DevicePolicy":
         """A deployed device's policy: node-config keys `privacy-max-epsilon`, `privacy-delta`,
         `privacy-min-noise-multiplier`, `privacy-max-clip-norm`, `privacy-min-nodes`, `privacy-min-node-fraction`
-        (each optional; `SAFE_DEFAULTS` otherwise). A value out of range raises DevicePolicyError naming it."""
+        and `privacy-mode` (`user_dp` unless the operator opts the device into the paper's `ldp`, which promises no
+        per-user guarantee) (each optional; `SAFE_DEFAULTS` otherwise). A value out of range raises
+        DevicePolicyError naming it."""
         values = {}
         for f in fields(cls):
             if f.name == "min_threshold":
+                continue
+            if f.name == "mode":
+                if "privacy-mode" in node_config:
+                    values["mode"] = str(node_config["privacy-mode"])
                 continue
             key = "privacy-" + f.name.replace("_", "-")
             if key in node_config:
@@ -71,23 +78,31 @@ class DevicePolicy:
         that every simulated device enforces what the experimenter configured, with its own ledger."""
         target = float(privacy.target_epsilon) if privacy.target_epsilon > 0 else math.inf
         return cls(target, float(privacy.delta), float(noise_multiplier), float(privacy.clip_norm),
-                   SAFE_DEFAULTS.min_nodes, float(privacy.min_node_fraction)).checked()
+                   SAFE_DEFAULTS.min_nodes, float(privacy.min_node_fraction),
+                   mode=str(getattr(privacy, "mode", "user_dp"))).checked()
 
     def checked(self) -> "DevicePolicy":
         """This policy, or DevicePolicyError naming the first limit out of its range."""
         checks = [("max-epsilon", self.max_epsilon > 0), ("delta", 0 < self.delta < 1),
                   ("min-noise-multiplier", self.min_noise_multiplier > 0), ("max-clip-norm", self.max_clip_norm > 0),
-                  ("min-nodes", self.min_nodes >= 3), ("min-node-fraction", 0 < self.min_node_fraction <= 1)]
+                  ("min-nodes", self.min_nodes >= 3), ("min-node-fraction", 0 < self.min_node_fraction <= 1),
+                  ("mode", self.mode in ("user_dp", "ldp"))]
         for name, ok in checks:
             if not ok:
-                raise DevicePolicyError(f"device policy privacy-{name} = {getattr(self, name.replace('-', '_'))} is out of "
-                                        "range (epsilon > 0, 0 < delta < 1, noise multiplier > 0, clip norm > 0, "
-                                        "min nodes >= 3, 0 < node fraction <= 1)")
+                raise DevicePolicyError(f"device policy privacy-{name} = {getattr(self, name.replace('-', '_'))!r} is out "
+                                        "of range (epsilon > 0, 0 < delta < 1, noise multiplier > 0, clip norm > 0, "
+                                        "min nodes >= 3, 0 < node fraction <= 1, mode user_dp or ldp)")
         return self
 
     def floor_nodes(self, run_nodes: int) -> int:
         """K: the fewest nodes a secure sum may have, for a run of `run_nodes` nodes (`floor_nodes`)."""
         return floor_nodes(self.min_node_fraction, run_nodes, self.min_nodes)
+
+    def admit_mode(self, mode: str) -> None:
+        """PolicyRefusal unless the run's privacy.mode is the one this device takes part in."""
+        if mode != self.mode:
+            raise PolicyRefusal(f"the run asks for privacy.mode = {mode!r}; this device takes part only in "
+                                f"{self.mode!r} runs (node config privacy-mode)")
 
     def admit_run(self, noise_multiplier: float, clip_norm: float) -> None:
         """PolicyRefusal unless the run's sigma and C are within this device's limits."""
@@ -157,6 +172,15 @@ class DeviceLedger:
         """Record one released round at (q, sigma)."""
         key = (round(q, 12), round(noise_multiplier, 12))
         self.rounds[key] = self.rounds.get(key, 0) + 1
+
+    def refund(self, q: float, noise_multiplier: float) -> None:
+        """Take back one round charged at (q, sigma): a provisional full charge, replaced by what the sum carried."""
+        key = (round(q, 12), round(noise_multiplier, 12))
+        if self.rounds.get(key, 0) < 1:
+            raise ValueError(f"no round charged at {key} to refund")
+        self.rounds[key] -= 1
+        if not self.rounds[key]:
+            del self.rounds[key]
 
     @property
     def released(self) -> int:

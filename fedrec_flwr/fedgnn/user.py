@@ -70,12 +70,17 @@ class UserStore(Protocol):
     def save(self, user: int, st: UserState, server_round: int = 0) -> None:
         """Keep `user`'s state after `server_round`."""
 
+    def draw_attempt(self, user: int, server_round: int) -> int:
+        """How many times `user` has drawn for `server_round` before (0 the first time), counting this one: a server
+        that sends the same round again gets fresh draws, never the same noise on another model."""
+
 
 class MemoryStore:
     """A UserStore over a dict: for tests and for driving users without Flower."""
 
     def __init__(self):
         self.states: dict[int, UserState] = {}
+        self.draws: dict[tuple[int, int], int] = {}
 
     def begin_round(self, round_config: RoundConfig) -> None:
         """Nothing to note: a memory store lives exactly as long as its run."""
@@ -88,6 +93,12 @@ class MemoryStore:
     def save(self, user: int, st: UserState, server_round: int = 0) -> None:
         """Keep a copy of `user`'s state."""
         self.states[user] = st.copy()
+
+    def draw_attempt(self, user: int, server_round: int) -> int:
+        """The draws `user` made for `server_round` before this one (`UserStore.draw_attempt`)."""
+        seen = self.draws.get((user, server_round), 0)
+        self.draws[(user, server_round)] = seen + 1
+        return seen
 
 
 def user_rng(secret: DeviceSecret, user: int, *stream: int) -> np.random.Generator:
@@ -220,6 +231,7 @@ class FedGNNUser:
         self.device = device or torch.device("cpu")
         self.model = model if model is not None else build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
         self._state: UserState | None = store.load(data.user)
+        self._round_key: tuple[int, int] | None = None
 
     @property
     def state(self) -> UserState:
@@ -287,12 +299,24 @@ class FedGNNUser:
         self.store.save(self.user, self.state, server_round)
         return int(self.state.neighbours.shape[0])
 
+    def round_key(self, server_round: int) -> tuple[int, int]:
+        """(round, attempt): what this user's streams of a round are keyed by. The attempt counts the times the
+        server asked for this round before (the store keeps it), so a repeated round never repeats a draw; taken
+        once per round and object, so the round's coin, noise and training streams share it."""
+        if self._round_key is None or self._round_key[0] != server_round:
+            self._round_key = (server_round, self.store.draw_attempt(self.user, server_round))
+        return self._round_key
+
+    def stream(self, purpose: int, server_round: int) -> np.random.Generator:
+        """This user's secure stream for `purpose` in `server_round` (keyed by `round_key`)."""
+        return user_rng(self.cfg.secret, self.user, purpose, *self.round_key(server_round))
+
     def begin_train(self, server_round: int, round_config: RoundConfig | None = None) -> tuple[np.random.Generator, int]:
-        """Start this user's training round: refresh its neighbours if the round asks, and return its stream
-        secure stream for the round (stream 1, round) with the seed of its dropout masks, drawn first from it."""
+        """Start this user's training round: refresh its neighbours if the round asks, and return its secure stream
+        for the round (stream 1) with the seed of its dropout masks, drawn first from it."""
         if round_config is not None and round_config.refresh_neighbours and round_config.expansion is not None:
             self.expand(round_config.expansion, round_config.retries, submit=True, fetch=True, server_round=server_round)
-        rng = user_rng(self.cfg.secret, self.user, 1, server_round)
+        rng = self.stream(1, server_round)
         return rng, int(rng.integers(2**62))
 
     def finish_train(self, embedding: np.ndarray, offset: float, server_round: int) -> None:

@@ -37,9 +37,10 @@ COIN_STREAM, NOISE_STREAM = 3, 5  # a user's streams for its sampling coin and (
 NOISE_TAIL = 8.0  # SecAgg+ clips each coordinate at h C + NOISE_TAIL x the noise's standard deviation
 
 
-def samples_itself(secret: DeviceSecret, user: int, server_round: int, q: float) -> bool:
-    """Whether `user` takes part in this round: a coin of probability q from its own secure stream (3, round)."""
-    return bool(user_rng(secret, user, COIN_STREAM, server_round).random() < q)
+def samples_itself(secret: DeviceSecret, user: int, server_round: int, q: float, attempt: int = 0) -> bool:
+    """Whether `user` takes part in this round: a coin of probability q from its own secure stream (3, round,
+    attempt: `FedGNNUser.round_key`)."""
+    return bool(user_rng(secret, user, COIN_STREAM, server_round, attempt).random() < q)
 
 
 def update_norms(steps: StepBatch) -> torch.Tensor:
@@ -97,7 +98,7 @@ def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.nd
     cfg = users[0].cfg
     node = NodeSum([tuple(np.shape(w)) for w in weights], table.shape[0], table.shape[1], cfg.privacy.clip_norm,
                    users[0].device)
-    sampled = [u for u in users if samples_itself(cfg.secret, u.user, server_round, q)]
+    sampled = [u for u in users if samples_itself(cfg.secret, u.user, server_round, q, u.round_key(server_round)[1])]
 
     def add_group(group: list[int], steps: StepBatch, rngs: list[np.random.Generator]) -> None:
         node.add(steps, [sampled[k].data.train_items for k in group])
@@ -105,14 +106,15 @@ def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.nd
             sampled[k].finish_train(emb, float(off), server_round)
 
     run_local_steps(sampled, weights, [table] * len(sampled), server_round, round_config, batch, add_group)
-    first = min(u.user for u in users)
-    return node.noised(noise_std, user_rng(cfg.secret, first, NOISE_STREAM, server_round))
+    first = min(users, key=lambda u: u.user)
+    return node.noised(noise_std, first.stream(NOISE_STREAM, server_round))
 
 
-def secagg_clipping_range(clip_norm: float, noise_multiplier: float, users_per_node: int) -> float:
+def secagg_clipping_range(clip_norm: float, users_per_node: int, share_std: float) -> float:
     """The per-coordinate range SecAgg+ keeps of a node's vector: its users' clipped sum can reach h C in one
-    coordinate, and its noise share (standard deviation at most sigma C) stays within NOISE_TAIL of them."""
-    return users_per_node * clip_norm + NOISE_TAIL * max(noise_multiplier, 1e-3) * clip_norm
+    coordinate, and its noise share (standard deviation sigma C / sqrt(K), the floor's share) stays within
+    NOISE_TAIL of them. A hostile node can put no more than this in any coordinate."""
+    return users_per_node * clip_norm + NOISE_TAIL * max(share_std, 1e-3 * clip_norm)
 
 
 def secagg_quantization_range(nodes: int, modulus: int = 2**32) -> int:
