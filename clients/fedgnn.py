@@ -21,6 +21,7 @@ from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.fedgnn.accounting import epsilon_per_coordinate
 from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.protocol import (
+    PHASE_EVALUATE_SUM,
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
     PHASE_POPULARITY,
@@ -74,13 +75,15 @@ class FedGNNClient(NumPyClient):
             popularity = published_popularity(parameters, self.meta.num_items)
             users = [self._user(u) for u in self.user_ids]
             sets = [u.register(popularity) for u in users]
-            return frame_registration(self.user_ids, sets, [u.test_count for u in users]), len(users), {"phase": rc.phase}
+            return frame_registration(self.user_ids, sets, [u.registered_test_count for u in users]), len(users), {"phase": rc.phase}
         if rc.phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
             if rc.expansion is None:
                 raise ValueError(f"phase {rc.phase} without a neighbour-service link in the server config")
             counts = [self._user(u).expand(rc.expansion, rc.retries, rc.phase == PHASE_EXPAND_SUBMIT,
                                            rc.phase == PHASE_EXPAND_FETCH, rc.round) for u in self.user_ids]
             return [], len(counts), {"phase": rc.phase, "neighbours": int(sum(counts)), "users": len(counts)}
+        if rc.phase == PHASE_EVALUATE_SUM:
+            return self._fit_evaluate_sum(parameters, rc)
         if self.cfg.privacy.mode == "user_dp":
             return self._fit_user_dp(parameters, rc)
         weights, users, rows = split_download(parameters, self.num_weights)
@@ -104,14 +107,25 @@ class FedGNNClient(NumPyClient):
                              self.cfg.simulation.user_batch, self.terms.q, self.terms.share_std)
         return vector, 1, {"phase": PHASE_TRAIN, "users": len(self.user_ids)}
 
+    def _fit_evaluate_sum(self, parameters, rc: RoundConfig):
+        """User-level DP's evaluation: every hosted user's clipped, normalised error sums on its own test ratings, summed
+        with the node's noise share, go through SecAgg+ like a training vector (`fedgnn.user_dp.node_evaluation`)."""
+        from fedrec_flwr.fedgnn.user_dp import node_evaluation
+
+        if self.cfg.privacy.mode != "user_dp" or self.terms is None:
+            raise ValueError("an evaluate-sum round outside a user-DP run (or without the device's own terms)")
+        weights, table, _ = split_table_download(parameters, self.num_weights)
+        vector = node_evaluation([self._user(u) for u in self.user_ids], weights, table, rc.round,
+                                 self.cfg.privacy.eval_max_ratings, self.terms.eval_share_std)
+        return vector, 1, {"phase": PHASE_EVALUATE_SUM, "users": len(self.user_ids)}
+
     def evaluate(self, parameters, config):
-        """Squared and absolute error sums over the requested users' own test ratings."""
+        """Squared and absolute error sums over the requested users' own test ratings. Never under user-level DP:
+        there a user's error sums leave the device only through the noisy secure sum (`_fit_evaluate_sum`)."""
+        if self.cfg.privacy.mode == "user_dp":
+            raise ValueError("a user-DP device sends no plain evaluation (its error sums go through SecAgg+ only)")
         self.store.begin_round(RoundConfig.from_flower(config))
-        if self.cfg.privacy.mode == "user_dp":  # the whole table, for every user of the node
-            weights, table, users = split_table_download(parameters, self.num_weights)
-            rows = [table] * len(users)
-        else:
-            weights, users, rows = split_download(parameters, self.num_weights)
+        weights, users, rows = split_download(parameters, self.num_weights)
         sse = sae = 0.0
         n = 0
         for u, r in zip(users, rows):

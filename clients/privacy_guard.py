@@ -36,7 +36,7 @@ from fedrec_flwr.fedgnn.device_policy import (
     check_secure_round,
     share_std,
 )
-from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, PHASE_TRAIN
+from fedrec_flwr.fedgnn.protocol import PHASE_EVALUATE_SUM, PHASE_REGISTER, PHASE_TRAIN
 from fedrec_flwr.fsutil import atomic_write
 
 log = logging.getLogger(__name__)
@@ -58,11 +58,31 @@ class DeviceTerms:
     clipping_range: float = 0.0
     quantization_range: int = 0
     ledger_file: Path | None = None
+    eval_noise_multiplier: float = 0.0  # sigma_e of the released evaluations (sensitivity 1)
+    eval_clipping_range: float = 0.0
 
     @property
     def share_std(self) -> float:
-        """This node's noise share: sigma C / sqrt(K)."""
+        """This node's noise share on a training vector: sigma C / sqrt(K)."""
         return share_std(self.noise_multiplier, self.clip_norm, self.floor)
+
+    @property
+    def eval_share_std(self) -> float:
+        """This node's noise share on an evaluation vector: sigma_e / sqrt(K)."""
+        return share_std(self.eval_noise_multiplier, 1.0, self.floor)
+
+    def charge_of(self, phase: str) -> tuple[float, float]:
+        """(sampling rate, noise multiplier at the floor) of a secure round of `phase`: a training round samples
+        users with q; an evaluation has every user in it."""
+        if phase == PHASE_TRAIN:
+            return self.q, self.noise_multiplier
+        if phase == PHASE_EVALUATE_SUM:
+            return 1.0, self.eval_noise_multiplier
+        raise PolicyRefusal(f"a secure round of phase {phase!r}: this device sums training updates and evaluations only")
+
+    def clipping_range_of(self, phase: str) -> float:
+        """The SecAgg+ clipping range an honest server sets for a round of `phase`."""
+        return self.eval_clipping_range if phase == PHASE_EVALUATE_SUM else self.clipping_range
 
 
 def load_ledger(context: Context, terms: DeviceTerms) -> DeviceLedger:
@@ -120,8 +140,10 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
     """The guard mod for user-DP runs; `terms_of(context)` gives the device's terms for the run (`DeviceTerms`)."""
 
     def mod(msg: Message, context: Context, call_next) -> Message:
+        if msg.metadata.message_type == MessageType.EVALUATE:  # exact error sums: only through the secure sum
+            raise PolicyRefusal("a user-DP device sends no plain evaluation; its error sums go through SecAgg+ only")
         if msg.metadata.message_type != MessageType.TRAIN:
-            return call_next(msg, context)  # evaluation: outside the guarantee (docs/privacy.md)
+            return call_next(msg, context)
         if RECORD_KEY_CONFIGS not in msg.content.config_records:
             if _phase(msg) != PHASE_REGISTER:  # a plain upload would carry one node's vector with 1/sqrt(K) noise
                 raise PolicyRefusal(f"a user-DP device sends nothing outside SecAgg+ but its registration; "
@@ -131,21 +153,23 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
         stage = str(configs.get(Key.STAGE, ""))
         terms = terms_of(context)
         if stage == Stage.SETUP:
-            _check_setup(configs, terms)
             _set_pending(context, [])  # a pending charge of an earlier round stays charged in full
+            _set_setup_range(context, _check_setup(configs, terms))
         elif stage == Stage.SHARE_KEYS:
             _admit_count(sum(1 for k in configs if k != Key.STAGE), terms.floor, "nodes exchanging keys")  # one per node
         elif stage == Stage.COLLECT_MASKED_VECTORS:
             _admit_count(len(configs[Key.CIPHERTEXT_LIST]) + 1, terms.floor, "nodes sending masked vectors")
-            terms.policy.admit_run(terms.noise_multiplier, terms.clip_norm)
-            if _phase(msg) != PHASE_TRAIN:
-                raise PolicyRefusal(f"a secure round of phase {_phase(msg)!r}: this device sums training updates only")
+            phase = _phase(msg)
+            q, sigma = terms.charge_of(phase)
+            if not math.isclose(_setup_range(context), terms.clipping_range_of(phase), rel_tol=1e-9):
+                raise PolicyRefusal(f"a {phase} round set up with another round's SecAgg+ clipping range")
+            terms.policy.admit_run(sigma, terms.clip_norm)  # the same minimum for updates and evaluations
             with ledger_lock(terms):  # charged in full (sigma, as at the floor) before the masked vector leaves
                 ledger = load_ledger(context, terms)
-                ledger.admit(terms.policy, terms.q, terms.noise_multiplier)
-                ledger.charge(terms.q, terms.noise_multiplier)
+                ledger.admit(terms.policy, q, sigma)
+                ledger.charge(q, sigma)
                 save_ledger(context, terms, ledger)
-            _set_pending(context, [terms.q, terms.noise_multiplier])
+            _set_pending(context, [q, sigma])
         elif stage == Stage.UNMASK:
             state = context.state.config_records[RECORD_KEY_STATE]
             own, threshold = int(state["nid"]), int(state["threshold"])
@@ -167,22 +191,38 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
     return mod
 
 
-def _check_setup(configs, terms: DeviceTerms) -> None:
-    """PolicyRefusal unless SecAgg+'s setup is what an honest server sends this device: every node shares with every
-    other, a threshold of at least 2/3, at least K nodes, and the ranges the device computes itself (a server that
-    gave other nodes another weight or range could leave this node's vector alone in the sum)."""
+def _setup_range(context: Context) -> float:
+    rec = context.state.config_records.get(STATE_KEY)
+    return float(rec["setup_range"]) if rec is not None and "setup_range" in rec else float("nan")
+
+
+def _set_setup_range(context: Context, clipping_range: float) -> None:
+    rec = context.state.config_records.get(STATE_KEY) or ConfigRecord({})
+    rec["setup_range"] = clipping_range
+    context.state.config_records[STATE_KEY] = rec
+
+
+def _check_setup(configs, terms: DeviceTerms) -> float:
+    """The round's clipping range, or PolicyRefusal unless SecAgg+'s setup is what an honest server sends this
+    device: every node shares with every other, a threshold of at least 2/3, at least K nodes, and the ranges the
+    device computes itself for a training or an evaluation round (a server that gave other nodes another weight or
+    range could leave this node's vector alone in the sum)."""
     shares, sampled = int(configs[Key.SHARE_NUMBER]), int(configs[Key.SAMPLE_NUMBER])
     if shares != sampled:
         raise PolicyRefusal(f"SecAgg+ shares with {shares} of {sampled} nodes: this device must share with "
                             "every node to count the nodes in the sum (privacy.secagg_shares = 1)")
     terms.policy.admit_threshold(int(configs[Key.THRESHOLD]), shares)
     _admit_count(sampled, terms.floor, "nodes sampled")
-    expected = {Key.MAX_WEIGHT: 1.0, Key.MOD_RANGE: float(2**32), Key.CLIPPING_RANGE: terms.clipping_range,
-                Key.TARGET_RANGE: float(terms.quantization_range)}
+    expected = {Key.MAX_WEIGHT: 1.0, Key.MOD_RANGE: float(2**32), Key.TARGET_RANGE: float(terms.quantization_range)}
     for key, want in expected.items():
         got = float(configs[key])
         if not math.isclose(got, want, rel_tol=1e-9):
             raise PolicyRefusal(f"SecAgg+ setup {key} = {got:g}, not the {want:g} this device computes for the run")
+    got = float(configs[Key.CLIPPING_RANGE])
+    if not any(math.isclose(got, want, rel_tol=1e-9) for want in (terms.clipping_range, terms.eval_clipping_range)):
+        raise PolicyRefusal(f"SecAgg+ setup {Key.CLIPPING_RANGE} = {got:g}, neither the {terms.clipping_range:g} of a "
+                            f"training round nor the {terms.eval_clipping_range:g} of an evaluation this device computes")
+    return got
 
 
 def _admit_count(nodes: int, floor: int, what: str) -> None:

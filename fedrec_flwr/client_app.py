@@ -118,7 +118,8 @@ def _run_sigma(cfg_key: tuple, num_users: int) -> float:
     from fedrec_flwr.fedgnn.accounting import run_noise_multiplier
 
     cfg = _config(cfg_key)
-    return run_noise_multiplier(cfg.privacy, cfg.federation.clients_per_round, num_users, cfg.federation.rounds)
+    f = cfg.federation
+    return run_noise_multiplier(cfg.privacy, f.clients_per_round, num_users, f.rounds, f.eval_every)
 
 
 def _deployed(node_config) -> bool:
@@ -153,10 +154,11 @@ def device_terms(context: Context) -> DeviceTerms:
     run_floor = floor_nodes(cfg.privacy.min_node_fraction, nodes)
     floor = max(policy.floor_nodes(nodes), run_floor)
     ledger = Path(str(nc["state-dir"])) / "privacy-ledger.json" if nc.get("state-dir") else None
-    return DeviceTerms(policy, sample_rate(cfg.federation.clients_per_round, num_users), sigma, cfg.privacy.clip_norm,
-                       floor, secagg_clipping_range(cfg.privacy.clip_norm, per_node,
-                                                    share_std(sigma, cfg.privacy.clip_norm, run_floor)),
-                       secagg_quantization_range(nodes), ledger)
+    p = cfg.privacy
+    return DeviceTerms(policy, sample_rate(cfg.federation.clients_per_round, num_users), sigma, p.clip_norm, floor,
+                       secagg_clipping_range(p.clip_norm, per_node, share_std(sigma, p.clip_norm, run_floor)),
+                       secagg_quantization_range(nodes), ledger, p.eval_noise_multiplier,
+                       secagg_clipping_range(1.0, per_node, share_std(p.eval_noise_multiplier, 1.0, run_floor)))
 
 
 @functools.lru_cache(maxsize=2)

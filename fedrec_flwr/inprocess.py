@@ -26,8 +26,10 @@ from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.accounting import sample_rate
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError, checkpoint_folder, load_resumable
+from fedrec_flwr.fedgnn.device_policy import charged_multiplier
 from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.protocol import (
+    PHASE_EVALUATE_SUM,
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
     PHASE_TRAIN,
@@ -44,7 +46,7 @@ from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.state import UserState, decode_state, encode_state, user_state_problem
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, own_items
-from fedrec_flwr.fedgnn.user_dp import node_update
+from fedrec_flwr.fedgnn.user_dp import node_evaluation, node_update
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.neighbours.link import open_expansion_link
@@ -60,7 +62,7 @@ def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int],
         rounds.popularity(0, [NodeReply(d.user, frame_users([d.user], [[d.report_popularity()]], 1)) for d in devices],
                           time.time())
     popularity = None if resumed else published_popularity(rounds.server.registration_download(), rounds.server.num_items)
-    rounds.register(1, [NodeReply(d.user, frame_registration([d.user], [d.register(popularity)], [d.test_count]))
+    rounds.register(1, [NodeReply(d.user, frame_registration([d.user], [d.register(popularity)], [d.registered_test_count]))
                         for d in devices], time.time())
 
 
@@ -132,8 +134,9 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
     return {"rmse": history[-1].get("rmse"), "median_round_seconds": float(np.median(train_secs)),
             "clients_per_second": cfg.federation.clients_per_round / float(np.median(train_secs)),
             "wall_seconds": wall, "uploads_per_user": rounds.upload_counts(),
-            "rejected": sum(h["rejected"] for h in history), "rounds_not_applied": rounds.rounds_not_applied,
-            "eval_ratings": rounds.final["eval_ratings"], "test_ratings": rounds.test_ratings,
+            "rejected": sum(h.get("rejected", 0) for h in history), "rounds_not_applied": rounds.rounds_not_applied,
+            "eval_ratings": history[-1].get("eval_ratings", rounds.final["eval_ratings"]),
+            "test_ratings": rounds.test_ratings,
             "eval_rejected": rounds.eval_rejections, "history": history,
             "resumed": None if resumed is None else {"after_round": resumed["logical_round"], "seconds_before": before}}
 
@@ -197,6 +200,33 @@ def expand_users(rounds: FedGNNRounds, logical: int, phase: str, users: list[int
     return rounds.record_expansion(logical, phase, len(users), sum(counts), t0)
 
 
+def evaluate_user_dp(cfg, rounds: FedGNNRounds, server: FedGNNServer, users: list[int],
+                     user: Callable[[int], FedGNNUser], logical: int, started: float) -> dict:
+    """A user-DP evaluation round in-process, as its record: the released evaluation (every user its own node, all reporting: the N
+    shares of sigma_e / sqrt(K) drawn as one; `FedGNNRounds.evaluate_sum`, charged) and, beside it, the exact RMSE of
+    every test rating, which only a simulation can compute (no party of a deployment ever holds it)."""
+    weights, table = server.model_weights(), server.table()
+    everyone = [u for us in rounds.plan_evaluate_sum(set(users)).values() for u in us]
+    std = charged_multiplier(cfg.privacy.eval_noise_multiplier, len(everyone), rounds.secure_floor)
+    vector = node_evaluation([user(u) for u in everyone], weights, table, logical, cfg.privacy.eval_max_ratings, std)
+    released = rounds.evaluate_sum(logical, vector, len(everyone), [], started, 0.0, 0.0) or {}
+    sse, n = 0.0, 0
+    for u in everyone:
+        s, _, k = user(u).evaluate(weights, table)
+        sse, n = sse + s, n + k
+    factor = server_scale_factor(rounds)
+    return {"round": rounds.train_rounds_done, "phase": PHASE_EVALUATE_SUM, "round_seconds": time.time() - started,
+            "rmse": float(np.sqrt(sse / n)) * factor if n else None, "eval_ratings": n,
+            "released_rmse": released.get("rmse"), "released_mae": released.get("mae"),
+            "rmse_is": "exact, every test rating (simulation only); released_rmse is what the server learns",
+            "uploads_per_user": rounds.upload_counts(), "privacy": rounds.privacy_budget()}
+
+
+def server_scale_factor(rounds: FedGNNRounds) -> float:
+    """Reference units (what devices report) to the dataset's own scale."""
+    return 1.0 if rounds.public_scale is None else rounds.public_scale.unit_factor
+
+
 def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: list[int],
                 user: Callable[[int], FedGNNUser], link: ExpansionLink | None, device, log_every: int, probe, tamper,
                 first: int, history: list[dict], save_checkpoint: Callable[[int], None] | None) -> None:
@@ -211,6 +241,12 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
             history.append(expand_users(rounds, rnd, phase, users, user, link, cfg.expansion.retries))
             continue
         t0 = time.time()
+        if phase == PHASE_EVALUATE_SUM:
+            history.append(evaluate_user_dp(cfg, rounds, server, users, user, rnd, t0))
+            if log_every:
+                print(f"[in-process] round {rounds.train_rounds_done} rmse {history[-1]['rmse']:.4f} (released "
+                      f"{history[-1]['released_rmse']})", flush=True)
+            continue
         # trainable expansion: each sampled user re-submits and re-fetches before it trains, once it has expanded
         round_config = (RoundConfig(phase=phase, round=rnd, expansion=link, retries=cfg.expansion.retries,
                                     refresh_neighbours=True) if rounds.refreshes_neighbours(rnd) else None)
@@ -234,19 +270,14 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
             out = rounds.train(rnd, replies, [], t0, 0.0)
         rec = {"round": rounds.train_rounds_done, "round_seconds": time.time() - t0, "clients": out["accepted"],
                "rejected": out["rejected"]}
-        if rounds.is_eval_round(rnd == total):
+        if rounds.is_eval_round(rnd == total):  # the LDP mode (user_dp evaluates in rounds of its own, above)
             weights = server.model_weights()
-            current = server.table() if user_dp else None  # the whole table, read once for every evaluating user
 
             def rmse(table: np.ndarray | None = None, neighbours: bool = True) -> float:
                 if table is None and neighbours:
                     replies = []
                     for node, hosted in rounds.plan_eval(connected).items():
-                        if user_dp:
-                            _, whole, _ = split_table_download(rounds.download(hosted, weights, current), len(weights))
-                            rows = [whole] * len(hosted)
-                        else:
-                            _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
+                        _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
                         sse, sae, n = (sum(x) for x in zip(*(user(u).evaluate(weights, r) for u, r in zip(hosted, rows))))
                         replies.append(NodeReply(node, metrics={"sse": sse, "sae": sae, "n": int(n)}))
                     return rounds.evaluate(rnd, replies, 0)["rmse"]

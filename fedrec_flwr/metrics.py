@@ -20,9 +20,13 @@ def clip_to_scale(pred: np.ndarray, low: float, high: float) -> np.ndarray:
     return np.clip(pred, low, high)
 
 
-def squared_error_sum(pred: np.ndarray, target: np.ndarray, low: float, high: float) -> ErrorSums:
-    """Squared and absolute error sums and n after clipping; what a client reports."""
+def squared_error_sum(pred: np.ndarray, target: np.ndarray, low: float, high: float,
+                      error_clip: float = float("inf")) -> ErrorSums:
+    """Squared and absolute error sums and n after clipping the predictions to the scale (and each error to
+    +-error_clip: user-level DP's released evaluation bounds what one rating adds); what a client reports."""
     err = clip_to_scale(np.asarray(pred, np.float64), low, high) - np.asarray(target, np.float64)
+    if np.isfinite(error_clip):
+        err = np.clip(err, -error_clip, error_clip)
     return ErrorSums(float(np.square(err).sum()), float(np.abs(err).sum()), int(err.size))
 
 

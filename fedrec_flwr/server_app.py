@@ -95,29 +95,39 @@ def trivial_components(cfg) -> ServerAppComponents:
 
 
 def secagg_fit_workflow(cfg, strategy):
-    """Flower's SecAgg+ for the rounds that need it (user-level DP's training rounds), Flower's plain fit workflow
-    for the others (registration), dispatched by the strategy's own phase of each round."""
+    """Flower's SecAgg+ for the rounds that need it (user-level DP's training and evaluation rounds, each with its
+    own per-coordinate range), Flower's plain fit workflow for the others (registration), dispatched by the
+    strategy's own phase of each round."""
     from flwr.server.workflow import SecAggPlusWorkflow
     from flwr.server.workflow.default_workflows import default_fit_workflow
 
     from fedrec_flwr.federation_size import user_nodes
     from fedrec_flwr.fedgnn.device_policy import share_std
+    from fedrec_flwr.fedgnn.protocol import PHASE_EVALUATE_SUM
     from fedrec_flwr.fedgnn.user_dp import secagg_clipping_range, secagg_quantization_range
 
     p = cfg.privacy
     sigma = strategy.rounds.user_dp.sigma  # the run's noise multiplier, as its ledger holds it
+    floor = strategy.rounds.secure_floor
     per_node = 1 if cfg.data.catalogue else cfg.simulation.users_per_node
     nodes = strategy.bindings.num_users if cfg.data.catalogue else user_nodes(cfg)
-    secure = SecAggPlusWorkflow(num_shares=p.secagg_shares, reconstruction_threshold=p.secagg_threshold, max_weight=1.0,
-                                clipping_range=secagg_clipping_range(p.clip_norm, per_node,
-                                                                     share_std(sigma, p.clip_norm, strategy.rounds.secure_floor)),
-                                quantization_range=secagg_quantization_range(nodes),
-                                timeout=cfg.federation.round_timeout or None)
+
+    def secure(clipping_range: float) -> SecAggPlusWorkflow:
+        return SecAggPlusWorkflow(num_shares=p.secagg_shares, reconstruction_threshold=p.secagg_threshold,
+                                  max_weight=1.0, clipping_range=clipping_range,
+                                  quantization_range=secagg_quantization_range(nodes),
+                                  timeout=cfg.federation.round_timeout or None)
+
+    train = secure(secagg_clipping_range(p.clip_norm, per_node, share_std(sigma, p.clip_norm, floor)))
+    evaluate = secure(secagg_clipping_range(1.0, per_node, share_std(p.eval_noise_multiplier, 1.0, floor)))
 
     def fit(grid, context) -> None:
         """One fit round, secure or plain by the strategy's phase of it."""
         server_round = int(context.state.config_records["config"]["current_round"])
-        (secure if strategy.is_secure_round(server_round) else default_fit_workflow)(grid, context)
+        if not strategy.is_secure_round(server_round):
+            default_fit_workflow(grid, context)
+        else:
+            (evaluate if strategy.phase(server_round) == PHASE_EVALUATE_SUM else train)(grid, context)
 
     return fit
 

@@ -141,7 +141,8 @@ def summarize(path: str) -> str:
     if doc.get("status") != "finished":  # a failed or unfinished run has no result to show
         return f"{doc['algorithm']} on {doc['dataset']}: {doc.get('status')}: {doc.get('error', 'no final metrics')}"
     rounds = [r for r in doc.get("rounds", []) if r.get("phase") == "train" or "train_loss" in r]
-    final = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in doc["final"].items())
+    final = ", ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in doc["final"].items()
+                      if not isinstance(v, str))
     up = [r["bytes_up"] for r in rounds if r.get("bytes_up") is not None]
     down = [r["bytes_down"] for r in rounds if r.get("bytes_down") is not None]
     lines = [
@@ -158,7 +159,11 @@ def summarize(path: str) -> str:
         lines.append(f"  scored on the validation holdout ({data_cfg.get('validation_fraction')} of each user's training "
                      "ratings, data.holdout=validation), not on the test ratings")
     scored, total = doc["final"].get("eval_ratings"), doc["final"].get("test_ratings")
-    if scored is not None and total is not None:
+    if isinstance(doc["final"].get("released"), str):  # user-level DP: what the server learns is a noisy release
+        lines.append(f"  evaluation released under the user-level guarantee: {doc['final']['released']} (about "
+                     f"{scored:,} weighted ratings of the split's {total if total is not None else '?'}); the baselines "
+                     "below are exact")
+    elif scored is not None and total is not None:
         lines.append(f"  {held} ratings scored: {scored:,} of the split's {total:,}")
     baselines = doc.get("baselines")
     rmse = doc["final"].get("rmse")

@@ -23,6 +23,7 @@ from fedrec_flwr.config import AppConfig, to_dict
 from fedrec_flwr.fedgnn.bindings import bindings_for
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, checkpoint_folder, load_resumable
 from fedrec_flwr.fedgnn.protocol import (
+    PHASE_EVALUATE_SUM,
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
     PHASE_POPULARITY,
@@ -85,8 +86,9 @@ class FedGNNStrategy(Strategy):
         return self.rounds.phase(self.logical(server_round))
 
     def is_secure_round(self, server_round: int) -> bool:
-        """Whether this Flower round's replies must go through SecAgg+: the training rounds of user-level DP."""
-        return self.cfg.privacy.mode == "user_dp" and self.phase(server_round) == PHASE_TRAIN
+        """Whether this Flower round's replies must go through SecAgg+: the training and evaluation rounds of
+        user-level DP."""
+        return self.cfg.privacy.mode == "user_dp" and self.phase(server_round) in (PHASE_TRAIN, PHASE_EVALUATE_SUM)
 
     def _resume(self) -> None:
         state = load_resumable(self.checkpointer, to_dict(self.cfg), self.server.num_items, self.bindings.num_users,
@@ -140,6 +142,11 @@ class FedGNNStrategy(Strategy):
             ins = FitIns(ndarrays_to_parameters([]), self._round_config(server_round, **self._expansion()))
             return [(c, ins) for c in nodes.values()]
         logical = self.logical(server_round)
+        if phase == PHASE_EVALUATE_SUM:  # every registered node: the model and the whole table, as in training
+            payload = self.rounds.download([], self.server.model_weights())
+            self.bytes_down = float(array_bytes(payload))
+            ins = FitIns(ndarrays_to_parameters(payload), self._round_config(server_round))
+            return [(nodes[nid], ins) for nid in self.rounds.plan_evaluate_sum(set(nodes))]
         extra = {}
         if self.rounds.refreshes_neighbours(logical):
             extra = {**self._expansion(), "refresh_neighbours": True}
@@ -186,6 +193,7 @@ class FedGNNStrategy(Strategy):
         from the bindings (what a node hosts), not from its own metrics."""
         summed, users, up = None, 0, 0.0
         reporting = sorted({proxy.node_id for proxy, _ in results})
+        evaluation = self.phase(server_round) == PHASE_EVALUATE_SUM
         if results:
             try:
                 mean = parameters_to_ndarrays(results[0][1].parameters)
@@ -194,6 +202,12 @@ class FedGNNStrategy(Strategy):
             except (ValueError, TypeError, OSError, EOFError) as exc:
                 self.rounds.reject(logical, f"undecodable aggregate ({type(exc).__name__}: {exc})"[:300])
             users = sum(len(self.bindings.users_of(nid)) for nid in reporting)
+        if evaluation:
+            metrics = self.rounds.evaluate_sum(logical, summed, len(reporting), reasons, self.round_started,
+                                               self.bytes_down, up)
+            self._finish_if_last(server_round)
+            return ndarrays_to_parameters(self.server.model_weights()), {
+                k: v for k, v in (metrics or {}).items() if isinstance(v, (int, float))}
         record = self.rounds.train_sum(logical, summed, users, len(reporting), reasons, self.round_started,
                                        self.bytes_down, up)
         if not self._is_eval_round(server_round):
@@ -215,6 +229,8 @@ class FedGNNStrategy(Strategy):
         return ndarrays_to_parameters(self.server.model_weights()), {}
 
     def _is_eval_round(self, server_round: int) -> bool:
+        if self.rounds.user_dp is not None:  # user-level DP evaluates in evaluate-sum rounds, through SecAgg+
+            return False
         if self.phase(server_round) != PHASE_TRAIN:
             # a run resumed from its last training round (killed during the final evaluation) only
             # re-registers the users, then evaluates
@@ -228,8 +244,7 @@ class FedGNNStrategy(Strategy):
             return []
         nodes = self._registered_nodes(client_manager)
         weights, config = self.server.model_weights(), self._round_config(server_round)
-        table = self.server.table() if self.rounds.user_dp is not None else None  # read once for every node
-        return [(nodes[nid], EvaluateIns(ndarrays_to_parameters(self.rounds.download(users, weights, table)), config))
+        return [(nodes[nid], EvaluateIns(ndarrays_to_parameters(self.rounds.download(users, weights)), config))
                 for nid, users in self.rounds.plan_eval(set(nodes)).items()]
 
     @records_failure
@@ -239,11 +254,15 @@ class FedGNNStrategy(Strategy):
         metrics = self.rounds.evaluate(self.logical(server_round), replies, len(failures))
         if self.phase(server_round) == PHASE_TRAIN:
             self._maybe_checkpoint(server_round)
+        self._finish_if_last(server_round)
+        return (None, {}) if metrics is None else (metrics["rmse"], metrics)
+
+    def _finish_if_last(self, server_round: int) -> None:
+        """After the run's last round: write the results, and have the neighbour service forget the run."""
         if server_round == self.num_rounds:
             self.rounds.finish()
             if self.expansion is not None and self.expansion.close_run is not None:
                 self.expansion.close_run()  # the neighbour service forgets this run's embeddings now
-        return (None, {}) if metrics is None else (metrics["rmse"], metrics)
 
     def evaluate(self, server_round: int, parameters: Parameters):
         """No server-side evaluation: the server holds no ratings."""

@@ -278,3 +278,36 @@ def test_a_deployed_device_takes_part_only_in_runs_of_its_own_privacy_mode(tmp_p
     opted_in = {**device, "privacy-mode": "ldp"}
     device_guard(_message(None, "register"), Context(1, OWN, opted_in, RecordDict(), run_config), call_next)
     assert len(seen) == 1
+
+
+def test_evaluations_leave_only_through_secagg_with_their_own_range_and_charge():
+    """A plain evaluation request is refused (it would return exact error sums); an evaluation round is charged as a
+    release every user is in (q = 1, sigma_e), and must have been set up with the evaluation's SecAgg+ range."""
+    terms = DeviceTerms(DevicePolicy(min_noise_multiplier=0.5), 0.1, 1.0, 1.0, 10, 3.5, 2**24,
+                        eval_noise_multiplier=4.0, eval_clipping_range=1.0 + 8 * 4.0 / math.sqrt(10))
+    device = Device(terms)
+    evaluate = Message(metadata=Metadata(1, "e", 0, OWN, "", "", time.time(), 600.0, MessageType.EVALUATE),
+                       content=RecordDict())
+    with pytest.raises(PolicyRefusal, match="no plain evaluation"):
+        device.mod(evaluate, device.context, device.call_next)
+    nodes = list(range(1, 13))
+
+    def round_of(phase: str, clipping_range: float) -> bool:
+        device.reached.clear()
+        device.context.state.config_records[RECORD_KEY_STATE] = ConfigRecord(
+            {"nid": OWN, "threshold": 9, "rd_seed_share_dict:K": nodes, "rd_seed_share_dict:V": [b"s"] * 12})
+        try:
+            for msg in (_setup(12, 9, terms, **{Key.CLIPPING_RANGE: clipping_range}),
+                        _message(Stage.SHARE_KEYS, **{str(n): [b"a", b"b"] for n in nodes}),
+                        _message(Stage.COLLECT_MASKED_VECTORS, phase, **{Key.CIPHERTEXT_LIST: [b"c"] * 11,
+                                                                         Key.SOURCE_LIST: nodes[1:]}),
+                        _message(Stage.UNMASK, **{Key.ACTIVE_NODE_ID_LIST: nodes, Key.DEAD_NODE_ID_LIST: []})):
+                device.mod(msg, device.context, device.call_next)
+        except PolicyRefusal:
+            return False
+        return True
+
+    assert not round_of("evaluate-sum", terms.clipping_range)  # an evaluation set up with the training range
+    assert Stage.COLLECT_MASKED_VECTORS not in device.reached
+    assert round_of("evaluate-sum", terms.eval_clipping_range)
+    assert load_ledger(device.context, terms).rounds == {(1.0, round(4.0 * math.sqrt(12 / 10), 12)): 1}

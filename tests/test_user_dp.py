@@ -13,10 +13,15 @@ from dp_accounting import rdp
 
 from fedrec_flwr.config import ConfigError, load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.fedgnn.accounting import UserDPAccountant, calibrate_noise_multiplier, sample_rate
+from fedrec_flwr.fedgnn.accounting import (
+    UserDPAccountant,
+    calibrate_noise_multiplier,
+    released_evaluations,
+    sample_rate,
+)
 from fedrec_flwr.fedgnn.device_policy import floor_nodes, share_std
 from fedrec_flwr.fedgnn.local_step import StepBatch
-from fedrec_flwr.fedgnn.protocol import UploadRejected
+from fedrec_flwr.fedgnn.protocol import REGISTER_FIELDS, UploadRejected, split_users
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
 from fedrec_flwr.fedgnn.user_dp import NodeSum, check_sum, node_update, samples_itself, update_norms
@@ -25,12 +30,36 @@ from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.privacy.attacks import separation_auc
 from tests.test_e2e_flwr import needs_superlink, run_main
 
+# a tiny federation (60 users, ~2 test ratings each) can release an evaluation only with small weights' noise
+SMALL_EVAL = ("privacy.eval_max_ratings=2", "privacy.eval_noise_multiplier=3")
 
-def _direct_epsilon(q: float, sigma: float, rounds: int, delta: float) -> float:
+
+def _direct_epsilon(q: float, sigma: float, rounds: int, delta: float, evaluations: int = 0,
+                    eval_sigma: float = 3.0) -> float:
     acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
     acc.compose(dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds))
+    if evaluations:
+        acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(eval_sigma), evaluations))
     return acc.get_epsilon(delta)
+
+
+def test_calibration_leaves_room_for_the_released_evaluations_and_charges_them():
+    """sigma is calibrated so that the training rounds and the evaluations they release (after every eval_every-th
+    round and the last) spend the target together; each evaluation is charged as a Gaussian every user is in."""
+    q, rounds = 512 / 943, 100
+    alone = calibrate_noise_multiplier(q, rounds, 8.0, 1e-5)
+    sigma = calibrate_noise_multiplier(q, rounds, 8.0, 1e-5, released_evaluations(rounds, 100), 4.0)
+    assert released_evaluations(rounds, 100) == 1 and released_evaluations(rounds, 20) == 5
+    assert sigma > alone  # the evaluation's share of the budget costs training noise
+    assert _direct_epsilon(q, sigma, rounds, 1e-5, 1, 4.0) <= 8.0 < _direct_epsilon(q, sigma * 0.99, rounds, 1e-5, 1, 4.0)
+    acc = UserDPAccountant(943, q, sigma, 1.0, 1e-5, 8.0, 4.0, 100)
+    for _ in range(rounds):
+        acc.record_round(sigma)
+    acc.record_evaluation(4.0)
+    assert acc.epsilon() == pytest.approx(_direct_epsilon(q, sigma, rounds, 1e-5, 1, 4.0), rel=1e-6)
+    with pytest.raises(ValueError, match="alone spend"):
+        calibrate_noise_multiplier(q, rounds, 1.0, 1e-5, 5, 1.0)
 
 
 def test_calibrated_noise_spends_the_target_over_the_planned_rounds_and_no_more():
@@ -49,11 +78,11 @@ def test_a_run_stops_before_it_would_exceed_its_budget(tiny_cfg):
     less noise, which the ledger charges."""
     q, sigma = sample_rate(20, 60), 2.0
     low, high = 0, 200  # the last round count within 4.0 by dp-accounting directly (epsilon grows with rounds)
-    while low < high:
+    while low < high:  # with the one evaluation the run releases at its end (eval_every = 1000)
         mid = (low + high + 1) // 2
-        low, high = (mid, high) if _direct_epsilon(q, sigma, mid, 1e-5) <= 4.0 else (low, mid - 1)
+        low, high = (mid, high) if _direct_epsilon(q, sigma, mid, 1e-5, 1) <= 4.0 else (low, mid - 1)
     allowed = low
-    acc = UserDPAccountant(60, q, sigma, 1.0, 1e-5, 4.0)
+    acc = UserDPAccountant(60, q, sigma, 1.0, 1e-5, 4.0, 3.0, 1000)
     assert 1 < allowed < 200 and acc.affordable_rounds(200) == allowed
     assert acc.affordable_rounds(allowed - 1) == allowed - 1
     full, half = UserDPAccountant(60, q, sigma, 1.0, 1e-5), UserDPAccountant(60, q, sigma, 1.0, 1e-5)
@@ -62,10 +91,12 @@ def test_a_run_stops_before_it_would_exceed_its_budget(tiny_cfg):
     assert half.epsilon() > full.epsilon()
 
     cfg = tiny_cfg("privacy.mode=user_dp", f"privacy.noise_multiplier={sigma}", "privacy.target_epsilon=4.0",
-                   f"federation.rounds={allowed + 5}", "federation.eval_every=1000", "federation.clients_per_round=20")
+                   f"federation.rounds={allowed + 5}", "federation.eval_every=1000", "federation.clients_per_round=20",
+                   *SMALL_EVAL)
     out = run_in_process(cfg, log_every=0)
-    assert len(out["history"]) == allowed and out["history"][-1]["privacy"]["stopped_by_budget"]
-    assert out["history"][-1]["privacy"]["epsilon"] <= 4.0
+    trained = [h for h in out["history"] if "phase" not in h]
+    assert len(trained) == allowed and out["history"][-1]["privacy"]["stopped_by_budget"]
+    assert out["history"][-1]["privacy"]["epsilon"] <= 4.0 and out["history"][-1]["privacy"]["evaluations"] == 1
 
 
 def test_user_dp_refuses_what_its_guarantee_does_not_cover():
@@ -174,17 +205,21 @@ def test_a_short_user_dp_run_in_process_learns_and_reports_its_user_level_budget
     cfg = tiny_cfg("privacy.mode=user_dp", "privacy.target_epsilon=8", "federation.rounds=12",
                    "federation.eval_every=12", "federation.clients_per_round=30", "server_opt.name=adam",
                    "server_opt.lr=0.01", "server_opt.item_lr=0.05", "local.loss=sum", "local.batch_size=1000",
-                   f"simulation.device_secrets={tmp_path / 'secrets'}")
+                   *SMALL_EVAL)
     out = run_in_process(cfg, log_every=0)
     privacy = out["history"][-1]["privacy"]
     # sigma is calibrated to spend 8 at the noise floor (48 of 60 nodes); all 60 report, so each round carries
     # sigma sqrt(60 / 48) and is charged so
     floor = privacy["noise_floor"]["nodes"]
-    assert floor == 48 and privacy["rounds"] == 12
+    assert floor == 48 and privacy["rounds"] == 12 and privacy["evaluations"] == 1
     charged = UserDPAccountant(60, privacy["sample_rate"], privacy["noise_multiplier"], 1.0, 1e-5)
     for _ in range(12):
         charged.record_round(privacy["noise_multiplier"] * np.sqrt(60 / floor))
+    charged.record_evaluation(3.0 * np.sqrt(60 / floor))
     assert privacy["epsilon"] == pytest.approx(charged.epsilon(), rel=1e-9) and 5.0 < privacy["epsilon"] <= 8.0
+    final = out["history"][-1]
+    # what the server learns is the noisy, clipped release; the harness's exact RMSE scores every test rating
+    assert np.isfinite(final["released_rmse"]) and abs(final["released_rmse"] - final["rmse"]) < 0.5
     assert out["eval_ratings"] == out["test_ratings"]  # every test rating scored
     assert np.isfinite(out["rmse"])
     again = run_in_process(cfg, log_every=0)
@@ -193,13 +228,14 @@ def test_a_short_user_dp_run_in_process_learns_and_reports_its_user_level_budget
 
 @needs_superlink
 def test_flwr_run_user_dp_through_secaggplus(tmp_path, capsys):
-    """Through `flwr run`: registration in the clear, then every training round through Flower's SecAgg+; the
-    result names the user-level budget, and every node's vector went up (the whole table each)."""
+    """Through `flwr run`: registration in the clear, then every training round and the evaluation through Flower's
+    SecAgg+; the result names the user-level budget, and every node's vector went up (the whole table each)."""
     out = tmp_path / "out"
     run_main(["--preset", "fedgnn_user_dp", "--dataset", "synthetic", "--out", str(out),
               "--cache-dir", str(tmp_path / "cache"), "--set", "data.synthetic.num_users=40",
               "data.synthetic.num_items=30", "data.synthetic.mean_degree=8", "model.dim=8", "federation.rounds=2",
-              "federation.eval_every=2", "federation.clients_per_round=20", "simulation.users_per_node=10"])
+              "federation.eval_every=2", "federation.clients_per_round=20", "simulation.users_per_node=10",
+              *SMALL_EVAL])
     final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     doc = json.loads((out / "results.json").read_text())
     assert doc["status"] == "finished" and np.isfinite(final["rmse"])
@@ -207,4 +243,56 @@ def test_flwr_run_user_dp_through_secaggplus(tmp_path, capsys):
     assert len(train) == 2 and all(r["applied"] and r["nodes"] == 4 and r["clients"] == 40 for r in train)
     assert all(r["bytes_up"] >= 30 * 9 * 4 for r in train)  # the whole table (30 items x (8 + 1)) per node
     assert doc["privacy"]["mode"] == "user_dp" and 0 < doc["privacy"]["epsilon"] <= 8.0
-    assert doc["final"]["eval_ratings"] == doc["final"]["test_ratings"]
+    # the evaluation went through SecAgg+ too, charged: the server holds only its noisy, clipped release
+    evals = [r for r in doc["rounds"] if r.get("phase") == "evaluate-sum"]
+    assert len(evals) == 1 and evals[0]["nodes"] == 4 and doc["privacy"]["evaluations"] == 1
+    assert "noisy sum" in doc["final"]["released"] and np.isfinite(doc["final"]["rmse"])
+
+
+def test_evaluation_releases_only_the_noisy_clipped_sum_and_charges_it(tiny_cfg):
+    """Under user-level DP a device commits no test count at registration and answers no plain evaluation; its
+    error sums leave only as one clipped vector of L2 norm at most 1 (whatever its ratings), summed under
+    SecAgg+ with noise; the server's decoding of the sum is exact without noise, and every release is charged,
+    refused or not."""
+    from flwr.app import RecordDict
+
+    from clients.fedgnn import FedGNNClient
+    from clients.user_store import NodeStateStore
+    from fedrec_flwr.fedgnn.bindings import NodeBindings
+    from fedrec_flwr.fedgnn.rounds import FedGNNRounds
+    from fedrec_flwr.fedgnn.user_dp import EVAL_ERROR_CLIP, evaluation_metrics, evaluation_vector
+    from fedrec_flwr.metrics import ErrorSums
+    from tests.conftest import TEST_SECRET
+
+    worst = [ErrorSums(4.0 * 4.0 * n, 4.0 * n, n) for n in (1, 10, 1000)]  # every error at the clip, any count
+    for sums in worst:
+        v = evaluation_vector(sums, 2.0, 10)
+        assert np.linalg.norm(v) <= 1.0 + 1e-12 and (v >= 0).all()
+    assert not evaluation_vector(ErrorSums(0.0, 0.0, 0), 2.0, 10).any()
+
+    cfg = tiny_cfg("privacy.mode=user_dp", "privacy.noise_multiplier=1", *SMALL_EVAL)
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    client = FedGNNClient(cfg, meta, [0, 1, 2], parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET)
+    reply, _, _ = client.fit([], {"phase": "register", "round": 1})
+    registered = split_users(reply, REGISTER_FIELDS)
+    assert [int(fields[1][0]) for _, fields in registered] == [0, 0, 0]  # no test count committed
+    assert sum(parts.user(u).test_items.size for u in (0, 1, 2)) > 0  # though the users hold test ratings
+    with pytest.raises(ValueError, match="no plain evaluation"):
+        client.evaluate([], {"phase": "train", "round": 2})
+
+    # decoding: without noise, users below the weight cap (and the L2 clip) give back the RMSE and MAE exactly
+    users = [ErrorSums(0.5, 1.0, 2), ErrorSums(1.0, 1.5, 2), ErrorSums(0.25, 0.5, 1)]
+    clip = EVAL_ERROR_CLIP * 4.0
+    total = sum(evaluation_vector(s, clip, 4) for s in users)
+    rmse, mae, weighted = evaluation_metrics([total], 4.0, 4, 3, 0.0)
+    assert rmse == pytest.approx(np.sqrt(1.75 / 5), rel=1e-9) and mae == pytest.approx(3.0 / 5, rel=1e-9)
+    assert weighted == pytest.approx(5.0)
+
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
+    rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1), 4.0)
+    rounds.evaluate_sum(3, [np.array([1e9, 0.0, 1.0])], 60, [], 0.0, 0.0, 0.0)  # refused: past any honest sum
+    assert rounds.final == {} and rounds.user_dp.budget()["evaluations"] == 1  # released, so charged
+    rounds.evaluate_sum(4, [total.astype(np.float32)], 60, [], 0.0, 0.0, 0.0)
+    assert rounds.user_dp.budget()["evaluations"] == 2 and "noisy sum" in rounds.final["released"]
+    assert rounds.final["rmse"] == pytest.approx(clip * np.sqrt(total[0] / total[2]), rel=1e-6)

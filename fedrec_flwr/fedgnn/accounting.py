@@ -171,51 +171,77 @@ def _one_round_rdp(q: float, sigma: float) -> tuple[np.ndarray, np.ndarray]:
     return orders, per_round
 
 
-def subsampled_gaussian_epsilon(q: float, noise: dict[float, int], delta: float) -> float:
+def subsampled_gaussian_epsilon(q: float, noise: dict[float, int], delta: float,
+                                evaluations: dict[float, int] | None = None) -> float:
     """epsilon at `delta` of rounds of the Poisson-subsampled Gaussian (sampling rate q; `noise`: noise multiplier ->
-    rounds run at it), add-or-remove-one-user relation. RDP composes by addition, so this is what dp-accounting's
+    rounds run at it), plus `evaluations` (noise multiplier -> releases) of the plain Gaussian (every user in
+    each: q = 1), add-or-remove-one-user relation. RDP composes by addition, so this is what dp-accounting's
     RdpAccountant gives for the same events (the rounds at one sigma count times that sigma's one-round RDP)."""
     from dp_accounting.rdp import rdp_privacy_accountant
 
     total, orders = None, None
-    for sigma, rounds in sorted(noise.items()):
-        if rounds <= 0:
-            continue
-        if sigma <= 0:
-            return float("inf")
-        orders, per_round = _one_round_rdp(float(q), float(sigma))
-        total = rounds * per_round if total is None else total + rounds * per_round
+    for rate, events in ((q, noise), (1.0, evaluations or {})):
+        for sigma, rounds in sorted(events.items()):
+            if rounds <= 0:
+                continue
+            if sigma <= 0:
+                return float("inf")
+            orders, per_round = _one_round_rdp(float(rate), float(sigma))
+            total = rounds * per_round if total is None else total + rounds * per_round
     if total is None:
         return 0.0
     return float(rdp_privacy_accountant.compute_epsilon(orders, total, delta)[0])
 
 
+def released_evaluations(rounds: int, eval_every: int) -> int:
+    """How many evaluations a user-DP run of `rounds` training rounds releases: after every eval_every-th round
+    and after the last one (each a noisy sum every user is in, charged to the budget)."""
+    return len(evaluation_points(rounds, eval_every))
+
+
+def evaluation_points(rounds: int, eval_every: int) -> list[int]:
+    """The training rounds after which a run evaluates: every eval_every-th and the last."""
+    return sorted({t for t in range(1, rounds + 1) if t % max(eval_every, 1) == 0} | ({rounds} if rounds else set()))
+
+
 @lru_cache(maxsize=64)
-def calibrate_noise_multiplier(q: float, rounds: int, target_epsilon: float, delta: float) -> float:
-    """The smallest noise multiplier sigma whose `rounds` Poisson-subsampled Gaussian rounds at rate q spend at most
-    `target_epsilon` at `delta` (dp-accounting's calibration by bisection on the RDP accountant). Deterministic, so
-    the server and every device compute the same sigma from the run's config."""
+def calibrate_noise_multiplier(q: float, rounds: int, target_epsilon: float, delta: float, evaluations: int = 0,
+                               eval_noise_multiplier: float = 0.0) -> float:
+    """The smallest noise multiplier sigma whose `rounds` Poisson-subsampled Gaussian rounds at rate q, beside
+    `evaluations` Gaussian releases at `eval_noise_multiplier`, spend at most `target_epsilon` at `delta`
+    (dp-accounting's calibration by bisection on the RDP accountant). Deterministic, so the server and every device
+    compute the same sigma from the run's config. ValueError when the evaluations alone spend the target."""
     import dp_accounting
     from dp_accounting import mechanism_calibration, rdp
 
     _quiet_absl()
+    evals = (dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(eval_noise_multiplier), evaluations)
+             if evaluations else None)
+    if evals is not None:
+        alone = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+        if alone.compose(evals).get_epsilon(delta) >= target_epsilon:
+            raise ValueError(f"{evaluations} evaluations at noise multiplier {eval_noise_multiplier:g} alone spend the "
+                             f"target epsilon {target_epsilon:g}; raise privacy.eval_noise_multiplier or eval_every")
 
     def event(sigma: float):
-        return dp_accounting.SelfComposedDpEvent(
+        train = dp_accounting.SelfComposedDpEvent(
             dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds)
+        return train if evals is None else dp_accounting.ComposedDpEvent([train, evals])
 
     return float(mechanism_calibration.calibrate_dp_mechanism(
         lambda: rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE), event,
         target_epsilon, delta, mechanism_calibration.LowerEndpointAndGuess(0.05, 1.0), tol=1e-4))
 
 
-def run_noise_multiplier(privacy, clients_per_round: int, num_users: int, rounds: int) -> float:
-    """sigma of a user-DP run: privacy.noise_multiplier, or (when 0) calibrated so that `rounds` training rounds
-    spend privacy.target_epsilon at privacy.delta."""
+def run_noise_multiplier(privacy, clients_per_round: int, num_users: int, rounds: int, eval_every: int) -> float:
+    """sigma of a user-DP run: privacy.noise_multiplier, or (when 0) calibrated so that `rounds` training rounds and
+    the evaluations released every `eval_every` of them (at privacy.eval_noise_multiplier) spend
+    privacy.target_epsilon at privacy.delta."""
     if privacy.noise_multiplier > 0:
         return float(privacy.noise_multiplier)
     return calibrate_noise_multiplier(sample_rate(clients_per_round, num_users), rounds, float(privacy.target_epsilon),
-                                      float(privacy.delta))
+                                      float(privacy.delta), released_evaluations(rounds, eval_every),
+                                      float(privacy.eval_noise_multiplier))
 
 
 class UserDPAccountant:
@@ -231,38 +257,50 @@ class UserDPAccountant:
     """
 
     def __init__(self, num_users: int, q: float, noise_multiplier: float, clip_norm: float, delta: float,
-                 target_epsilon: float = 0.0):
+                 target_epsilon: float = 0.0, eval_noise_multiplier: float = 0.0, eval_every: int = 0):
         self.num_users, self.q, self.sigma, self.clip_norm = num_users, q, noise_multiplier, clip_norm
         self.delta, self.target_epsilon = delta, target_epsilon
+        self.eval_sigma, self.eval_every = eval_noise_multiplier, eval_every  # released evaluations (0: none planned)
         self.noise: dict[float, int] = {}  # effective noise multiplier -> training rounds released at it
+        self.evaluations: dict[float, int] = {}  # effective noise multiplier -> evaluations released at it
 
     @classmethod
-    def from_privacy(cls, privacy, clients_per_round: int, num_users: int, rounds: int) -> "UserDPAccountant":
-        """The accountant of a run's privacy section, with its sigma (given or calibrated for `rounds`)."""
+    def from_privacy(cls, privacy, clients_per_round: int, num_users: int, rounds: int,
+                     eval_every: int) -> "UserDPAccountant":
+        """The accountant of a run's privacy section, with its sigma (given, or calibrated for `rounds` training rounds
+        and the evaluations released every `eval_every` of them)."""
         return cls(num_users, sample_rate(clients_per_round, num_users),
-                   run_noise_multiplier(privacy, clients_per_round, num_users, rounds), privacy.clip_norm,
-                   privacy.delta, privacy.target_epsilon)
+                   run_noise_multiplier(privacy, clients_per_round, num_users, rounds, eval_every), privacy.clip_norm,
+                   privacy.delta, privacy.target_epsilon, privacy.eval_noise_multiplier, eval_every)
 
     @property
     def rounds(self) -> int:
         """Training rounds released so far."""
         return sum(self.noise.values())
 
-    def epsilon(self, delta: float | None = None, more_rounds: int = 0) -> float:
-        """User-level epsilon spent at `delta` (default the run's), after `more_rounds` further full-noise rounds."""
-        noise = dict(self.noise)
+    def epsilon(self, delta: float | None = None, more_rounds: int = 0, more_evaluations: int = 0) -> float:
+        """User-level epsilon spent at `delta` (default the run's), after `more_rounds` further full-noise training
+        rounds and `more_evaluations` further full-noise evaluations."""
+        noise, evals = dict(self.noise), dict(self.evaluations)
         if more_rounds:
             noise[self.sigma] = noise.get(self.sigma, 0) + more_rounds
-        return subsampled_gaussian_epsilon(self.q, noise, self.delta if delta is None else delta) if noise else 0.0
+        if more_evaluations:
+            evals[self.eval_sigma] = evals.get(self.eval_sigma, 0) + more_evaluations
+        return subsampled_gaussian_epsilon(self.q, noise, self.delta if delta is None else delta, evals)
+
+    def _planned(self, rounds: int) -> float:
+        evals = released_evaluations(rounds, self.eval_every) if self.eval_every else 0
+        return self.epsilon(more_rounds=rounds, more_evaluations=evals)
 
     def affordable_rounds(self, planned: int) -> int:
-        """How many of `planned` full-noise training rounds fit within target_epsilon (all of them with no target)."""
-        if self.target_epsilon <= 0 or self.epsilon(more_rounds=planned) <= self.target_epsilon:
+        """How many of `planned` full-noise training rounds, with the evaluations they release, fit within
+        target_epsilon (all of them with no target)."""
+        if self.target_epsilon <= 0 or self._planned(planned) <= self.target_epsilon:
             return planned
         low, high = 0, planned  # epsilon grows with rounds: bisect for the last round within budget
         while low < high:
             mid = (low + high + 1) // 2
-            if self.epsilon(more_rounds=mid) <= self.target_epsilon:
+            if self._planned(mid) <= self.target_epsilon:
                 low = mid
             else:
                 high = mid - 1
@@ -273,6 +311,11 @@ class UserDPAccountant:
         sigma = round(float(noise_multiplier), 12)
         self.noise[sigma] = self.noise.get(sigma, 0) + 1
 
+    def record_evaluation(self, noise_multiplier: float) -> None:
+        """One released evaluation sum (every user in it) that carried noise of `noise_multiplier` x its clip."""
+        sigma = round(float(noise_multiplier), 12)
+        self.evaluations[sigma] = self.evaluations.get(sigma, 0) + 1
+
     def budget(self) -> dict:
         """What every user has spent so far: the same for all (each is in every round with probability q)."""
         at_n = 1.0 / max(self.num_users, 1)
@@ -280,12 +323,15 @@ class UserDPAccountant:
                 "mechanism": "Poisson-subsampled Gaussian on the sum of clipped user updates (RDP, dp-accounting)",
                 "sample_rate": self.q, "noise_multiplier": self.sigma, "clip_norm": self.clip_norm,
                 "rounds": self.rounds, "target_epsilon": self.target_epsilon, "delta": self.delta,
+                "evaluations": sum(self.evaluations.values()), "eval_noise_multiplier": self.eval_sigma,
                 "epsilon": self.epsilon(), "epsilon_at_1_over_n": {"delta": at_n, "epsilon": self.epsilon(at_n)}}
 
     def state(self) -> dict:
         """What a checkpoint keeps of the ledger."""
-        return {"user_dp_noise": [[float(s), int(r)] for s, r in sorted(self.noise.items())]}
+        return {"user_dp_noise": [[float(s), int(r)] for s, r in sorted(self.noise.items())],
+                "user_dp_evaluations": [[float(s), int(r)] for s, r in sorted(self.evaluations.items())]}
 
     def restore(self, state: dict) -> None:
         """Continue from a checkpoint's ledger."""
         self.noise = {float(s): int(r) for s, r in state.get("user_dp_noise", [])}
+        self.evaluations = {float(s): int(r) for s, r in state.get("user_dp_evaluations", [])}

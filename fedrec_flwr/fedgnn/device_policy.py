@@ -74,10 +74,12 @@ class DevicePolicy:
 
     @classmethod
     def from_run(cls, privacy, noise_multiplier: float) -> "DevicePolicy":
-        """A simulated device's policy: the run's own settings (its target epsilon, delta, sigma, C and floor), so
-        that every simulated device enforces what the experimenter configured, with its own ledger."""
+        """A simulated device's policy: the run's own settings (its target epsilon, delta, the smaller of its training
+        and evaluation sigma, C and floor), so that every simulated device enforces what the experimenter configured,
+        with its own ledger."""
         target = float(privacy.target_epsilon) if privacy.target_epsilon > 0 else math.inf
-        return cls(target, float(privacy.delta), float(noise_multiplier), float(privacy.clip_norm),
+        least = min(float(noise_multiplier), float(getattr(privacy, "eval_noise_multiplier", noise_multiplier)))
+        return cls(target, float(privacy.delta), least, float(privacy.clip_norm),
                    SAFE_DEFAULTS.min_nodes, float(privacy.min_node_fraction),
                    mode=str(getattr(privacy, "mode", "user_dp"))).checked()
 

@@ -45,7 +45,9 @@ PHASE_REGISTER = "register"
 PHASE_TRAIN = "train"
 PHASE_EXPAND_SUBMIT = "expand-submit"  # every user sends embedding + item tokens to the neighbour service
 PHASE_EXPAND_FETCH = "expand-fetch"  # every user fetches its anonymous neighbours' embeddings
-PHASES = (PHASE_POPULARITY, PHASE_REGISTER, PHASE_TRAIN, PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH)
+# user-level DP: every node sends its users' clipped error sums, plus its noise share, through SecAgg+
+PHASE_EVALUATE_SUM = "evaluate-sum"
+PHASES = (PHASE_POPULARITY, PHASE_REGISTER, PHASE_TRAIN, PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH, PHASE_EVALUATE_SUM)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.checkpoint import CheckpointError
 from fedrec_flwr.fedgnn.device_policy import charged_multiplier, floor_nodes
 from fedrec_flwr.fedgnn.protocol import (
+    PHASE_EVALUATE_SUM,
     PHASE_EXPAND_FETCH,
     PHASE_POPULARITY,
     PHASE_REGISTER,
@@ -120,7 +121,7 @@ class FedGNNRounds:
         self.secure_floor = 0  # user_dp: K, the fewest nodes a released sum may hold (the noise floor)
         if privacy.mode == "user_dp":
             self.user_dp = UserDPAccountant.from_privacy(privacy, federation.clients_per_round, bindings.num_users,
-                                                         federation.rounds)
+                                                         federation.rounds, federation.eval_every)
             self.secure_floor = floor_nodes(privacy.min_node_fraction, bindings.run_nodes)
             if self.secure_floor > bindings.run_nodes:
                 raise ValueError(f"privacy.mode = 'user_dp' needs at least {self.secure_floor} nodes in a secure sum "
@@ -133,7 +134,8 @@ class FedGNNRounds:
             if self.budget_rounds == 0:
                 raise ValueError(f"privacy.target_epsilon = {privacy.target_epsilon:g} does not allow one training round "
                                  f"at noise multiplier {self.user_dp.sigma:g}; raise the noise or the target")
-        self.schedule = round_schedule(replace(federation, rounds=self.budget_rounds), expansion, bindings.num_users)
+        self.schedule = round_schedule(replace(federation, rounds=self.budget_rounds), expansion, bindings.num_users,
+                                       secure_evaluation=self.user_dp is not None)
         self.train_rounds_done = 0
         self.rounds_not_applied = 0  # training rounds with fewer than min_clients accepted uploads
         self.scored_users: list[int] = []  # users of the accepted replies of the latest evaluation
@@ -369,9 +371,47 @@ class FedGNNRounds:
 
     # -- evaluation ------------------------------------------------------------------
     def is_eval_round(self, last_round: bool) -> bool:
-        """True after every `eval_every` training rounds and after the last one."""
+        """True after every `eval_every` training rounds and after the last one; never under user-level DP, whose
+        evaluations are rounds of their own (`evaluate_sum`)."""
         r = self.train_rounds_done
-        return r > 0 and (r % self.federation.eval_every == 0 or last_round)
+        return self.user_dp is None and r > 0 and (r % self.federation.eval_every == 0 or last_round)
+
+    def plan_evaluate_sum(self, connected: set[int]) -> dict[int, list[int]]:
+        """A user-DP evaluation round: every registered user, grouped by node (every node sends a vector)."""
+        return self.bindings.by_node(self.bindings.live_users(connected))
+
+    def evaluate_sum(self, logical_round: int, summed: list[np.ndarray] | None, nodes: int, failures: list[str],
+                     started: float, bytes_down: float, bytes_up: float) -> dict | None:
+        """A user-DP evaluation round: the SecAgg+ sum of the nodes' clipped, normalised error sums
+        (`user_dp.node_evaluation`), charged to every user at the noise its `nodes` shares carry, decoded into RMSE and
+        MAE (`user_dp.evaluation_metrics`); None when no sum came or it was refused."""
+        from fedrec_flwr.fedgnn.user_dp import evaluation_metrics
+
+        assert self.user_dp is not None
+        for why in failures:
+            self.reject(logical_round, f"client failure: {why}")
+        metrics = None
+        if summed is not None and nodes:
+            sigma = charged_multiplier(self.privacy.eval_noise_multiplier, nodes, self.secure_floor)
+            self.user_dp.record_evaluation(sigma)  # released, so spent, whether or not it passes the check
+            try:
+                rmse, mae, weighted = evaluation_metrics(summed, self.rating_span, self.privacy.eval_max_ratings,
+                                                         self.bindings.num_users, sigma)
+                factor = 1.0 if self.public_scale is None else self.public_scale.unit_factor
+                self.final = {"rmse": rmse * factor, "mae": mae * factor, "eval_ratings": round(weighted),
+                              "released": "noisy sum under the user-level guarantee: errors clipped at half the "
+                                          f"scale, at most {self.privacy.eval_max_ratings} ratings' weight a user",
+                              **({} if self.test_ratings is None else {"test_ratings": self.test_ratings})}
+                self.scored_users = sorted(self.server.anonymity_sets)
+                metrics = {**self.final, "eval_failures": len(failures)}
+            except UploadRejected as exc:
+                self.eval_rejections += 1
+                self.reject(logical_round, f"evaluation sum refused: {exc}")
+        record = {"round": logical_round, "phase": PHASE_EVALUATE_SUM, "nodes": nodes, "failures": len(failures),
+                  "bytes_down": bytes_down, "bytes_up": bytes_up, "user_epsilon": self.user_dp.epsilon(),
+                  "round_seconds": time.time() - started, **(metrics or {})}
+        self.record(record)
+        return metrics
 
     def plan_eval(self, connected: set[int]) -> dict[int, list[int]]:
         """The evaluating users (all, or a fixed seeded sample), grouped by node."""

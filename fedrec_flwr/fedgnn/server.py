@@ -24,7 +24,9 @@ from fedrec_flwr.config import (
     PrivacyConfig,
     ServerOptConfig,
 )
+from fedrec_flwr.fedgnn.accounting import evaluation_points
 from fedrec_flwr.fedgnn.protocol import (
+    PHASE_EVALUATE_SUM,
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
     PHASE_REGISTER,
@@ -139,14 +141,22 @@ def robust_merge_items(uploads: list[tuple[np.ndarray, np.ndarray]], num_items: 
     return touched, merged.astype(np.float32)
 
 
-def round_schedule(federation: FederationConfig, expansion: ExpansionConfig, num_users: int) -> list[str]:
+def round_schedule(federation: FederationConfig, expansion: ExpansionConfig, num_users: int,
+                   secure_evaluation: bool = False) -> list[str]:
     """Phase of every logical round: register, training rounds, and graph expansion after T epochs (again every
-    `expansion.refresh_every` training rounds after that, when set).
+    `expansion.refresh_every` training rounds after that, when set). With `secure_evaluation` (user-level DP) an
+    evaluate-sum round follows every eval_every-th training round and the last.
 
     One epoch is ceil(users / clients_per_round) training rounds. An expansion is two rounds in which
     every user first submits to the neighbour service, then fetches its neighbours.
     """
     rounds = federation.rounds
+    if secure_evaluation:  # user_dp refuses graph expansion, so the two never meet
+        points = set(evaluation_points(rounds, federation.eval_every))
+        phases = [PHASE_REGISTER]
+        for t in range(1, rounds + 1):
+            phases += [PHASE_TRAIN, PHASE_EVALUATE_SUM] if t in points else [PHASE_TRAIN]
+        return phases
     phases = [PHASE_REGISTER] + [PHASE_TRAIN] * rounds
     if expansion.mode != "none":
         per_epoch = -(-num_users // federation.clients_per_round)

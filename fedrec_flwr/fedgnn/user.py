@@ -191,7 +191,7 @@ def row_positions(state: UserState, items: np.ndarray, whole_table: bool) -> np.
 
 def evaluate_user(
     model: RatingGNN, state: UserState, data: UserData, item_rows: np.ndarray, low: float, high: float,
-    device: torch.device | None = None, whole_table: bool = False,
+    device: torch.device | None = None, whole_table: bool = False, error_clip: float = float("inf"),
 ) -> ErrorSums:
     """(SSE, SAE, n) of the user's clipped predictions on its own test ratings (item rows of `row_width`).
 
@@ -219,7 +219,7 @@ def evaluate_user(
                           torch.ones(1, neigh_x.shape[0], device=device))
         params = {name: p[None] for name, p in model.named_parameters()}  # one user: a batch of one
         pred = dense_predict(model, params, star, star, None if b_items is None else b_items[None])[0, t:]
-    return squared_error_sum(pred.cpu().numpy() + np.float32(state.offset), data.test_values, low, high)
+    return squared_error_sum(pred.cpu().numpy() + np.float32(state.offset), data.test_values, low, high, error_clip)
 
 
 class FedGNNUser:
@@ -261,6 +261,12 @@ class FedGNNUser:
         if rows.shape != expected:
             raise ValueError(f"item rows have shape {rows.shape}, expected {expected}")
         return rows
+
+    @property
+    def registered_test_count(self) -> int:
+        """What this user commits at registration: its test count, or 0 under user-level DP, where the count is
+        private too and evaluations go through the noisy secure sum instead."""
+        return 0 if self.whole_table else self.test_count
 
     @property
     def test_count(self) -> int:
@@ -325,8 +331,8 @@ class FedGNNUser:
         self.state.offset = float(offset)
         self.store.save(self.user, self.state, server_round)
 
-    def evaluate(self, weights: list[np.ndarray], rows: np.ndarray) -> ErrorSums:
-        """(SSE, SAE, n) on the user's own test ratings."""
+    def evaluate(self, weights: list[np.ndarray], rows: np.ndarray, error_clip: float = float("inf")) -> ErrorSums:
+        """(SSE, SAE, n) on the user's own test ratings (each error clipped to +-error_clip)."""
         set_weights(self.model, weights)
         return evaluate_user(self.model, self.state, self.data, self.item_rows(rows), self.meta.scale.low,
-                             self.meta.scale.high, self.device, whole_table=self.whole_table)
+                             self.meta.scale.high, self.device, whole_table=self.whole_table, error_clip=error_clip)

@@ -31,9 +31,12 @@ import torch
 from fedrec_flwr.fedgnn.local_step import StepBatch, run_local_steps
 from fedrec_flwr.fedgnn.protocol import RoundConfig, UploadRejected
 from fedrec_flwr.fedgnn.user import FedGNNUser, user_rng
+from fedrec_flwr.metrics import ErrorSums
 from fedrec_flwr.privacy.device_secret import DeviceSecret
 
-COIN_STREAM, NOISE_STREAM = 3, 5  # a user's streams for its sampling coin and (first user of a node) the node's noise
+# a user's streams for its sampling coin, and (first user of a node) the node's noise on its update and evaluation
+COIN_STREAM, NOISE_STREAM, EVAL_NOISE_STREAM = 3, 5, 6
+EVAL_ERROR_CLIP = 0.5  # of the scale's span: a released evaluation counts larger errors as half the scale
 NOISE_TAIL = 8.0  # SecAgg+ clips each coordinate at h C + NOISE_TAIL x the noise's standard deviation
 
 
@@ -108,6 +111,51 @@ def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.nd
     run_local_steps(sampled, weights, [table] * len(sampled), server_round, round_config, batch, add_group)
     first = min(users, key=lambda u: u.user)
     return node.noised(noise_std, first.stream(NOISE_STREAM, server_round))
+
+
+def evaluation_vector(sums: ErrorSums, error_clip: float, max_ratings: int) -> np.ndarray:
+    """One user's contribution to a released evaluation: w (SSE / c^2, SAE / c, n) with its errors clipped at c and
+    w = min(1, m / n) / m (its weight capped at m = max_ratings ratings), so each coordinate lies in [0, 1], then
+    scaled to L2 norm at most 1: adding or removing the user moves the released sums by at most 1."""
+    if sums.n == 0:
+        return np.zeros(3)
+    w = min(1.0, max_ratings / sums.n) / max_ratings
+    v = np.array([sums.sse / error_clip**2, sums.sae / error_clip, float(sums.n)]) * w
+    return v / max(1.0, float(np.linalg.norm(v)))
+
+
+def node_evaluation(users: list[FedGNNUser], weights: list[np.ndarray], table: np.ndarray, server_round: int,
+                    max_ratings: int, noise_std: float) -> list[np.ndarray]:
+    """What one node sends in a user-DP evaluation round: its users' `evaluation_vector`s summed (every user, each
+    on its own test ratings against the whole table), plus its noise share N(0, noise_std^2) per coordinate from
+    the secure stream of its first user; one float32 array of 3 (SecAgg+ masks it like a training vector)."""
+    span = users[0].meta.scale.high - users[0].meta.scale.low
+    clip = EVAL_ERROR_CLIP * span
+    total = np.zeros(3)
+    for u in users:
+        total += evaluation_vector(u.evaluate(weights, table, clip), clip, max_ratings)
+    first = min(users, key=lambda u: u.user)
+    noise = first.stream(EVAL_NOISE_STREAM, server_round).standard_normal(3) * noise_std
+    return [(total + noise).astype(np.float32)]
+
+
+def evaluation_metrics(arrays: list[np.ndarray], span: float, max_ratings: int, users: int,
+                       noise_std: float) -> tuple[float, float, float]:
+    """(RMSE, MAE, effective ratings) in reference units from a released evaluation sum, or UploadRejected when no
+    honest round could give it (shape, non-finite, beyond every user's contribution plus the noise's tail) or its
+    noisy count is not positive (too few users for this noise)."""
+    if len(arrays) != 1 or np.shape(arrays[0]) != (3,):
+        raise UploadRejected(f"the evaluation sum has arrays of shapes {[np.shape(a) for a in arrays]}, expected one (3,)")
+    sse, sae, n = (float(x) for x in np.asarray(arrays[0], np.float64))
+    limit = users + 8.0 * noise_std
+    if not all(math.isfinite(x) and abs(x) <= limit for x in (sse, sae, n)):
+        raise UploadRejected(f"the evaluation sum ({sse:.4g}, {sae:.4g}, {n:.4g}) is non-finite or past the {limit:.4g} "
+                             f"that {users} users' clipped vectors and the noise reach")
+    if n <= 0:
+        raise UploadRejected(f"the evaluation sum's noisy count {n:.4g} is not positive: too few users for noise "
+                             f"{noise_std:.3g}")
+    clip = EVAL_ERROR_CLIP * span
+    return clip * math.sqrt(max(sse, 0.0) / n), clip * max(sae, 0.0) / n, n * max_ratings
 
 
 def secagg_clipping_range(clip_norm: float, users_per_node: int, share_std: float) -> float:
