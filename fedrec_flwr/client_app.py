@@ -132,7 +132,7 @@ def device_terms(context: Context) -> DeviceTerms:
     (the node config's limits in a deployment, the run's own settings in a simulation), q and sigma from the run's
     config and its own count of users, the noise floor K, and the SecAgg+ ranges an honest server sets. A deployed
     device without a `state-dir` is refused: its budget must outlive a run."""
-    from fedrec_flwr.fedgnn.accounting import sample_rate
+    from fedrec_flwr.fedgnn.accounting import run_eval_noise_multiplier, sample_rate
     from fedrec_flwr.fedgnn.device_policy import DevicePolicy, PolicyRefusal, floor_nodes, share_std
     from fedrec_flwr.fedgnn.user_dp import secagg_clipping_range, secagg_quantization_range
 
@@ -150,15 +150,18 @@ def device_terms(context: Context) -> DeviceTerms:
         per_node = 1 if deployed else cfg.simulation.users_per_node
         nodes = -(-num_users // per_node)
     sigma = _run_sigma(key, num_users)
-    policy = DevicePolicy.from_node_config(nc) if deployed else DevicePolicy.from_run(cfg.privacy, sigma)
+    f = cfg.federation
+    policy = DevicePolicy.from_node_config(nc) if deployed else DevicePolicy.from_run(
+        cfg.privacy, sigma, run_eval_noise_multiplier(cfg.privacy, f.rounds, f.eval_every))
     run_floor = floor_nodes(cfg.privacy.min_node_fraction, nodes)
     floor = max(policy.floor_nodes(nodes), run_floor)
     ledger = Path(str(nc["state-dir"])) / "privacy-ledger.json" if nc.get("state-dir") else None
     p = cfg.privacy
-    return DeviceTerms(policy, sample_rate(cfg.federation.clients_per_round, num_users), sigma, p.clip_norm, floor,
+    eval_sigma = run_eval_noise_multiplier(p, f.rounds, f.eval_every)
+    return DeviceTerms(policy, sample_rate(f.clients_per_round, num_users), sigma, p.clip_norm, floor,
                        secagg_clipping_range(p.clip_norm, per_node, share_std(sigma, p.clip_norm, run_floor)),
-                       secagg_quantization_range(nodes), ledger, p.eval_noise_multiplier,
-                       secagg_clipping_range(1.0, per_node, share_std(p.eval_noise_multiplier, 1.0, run_floor)))
+                       secagg_quantization_range(nodes), ledger, eval_sigma,
+                       secagg_clipping_range(1.0, per_node, share_std(eval_sigma, 1.0, run_floor)))
 
 
 @functools.lru_cache(maxsize=2)

@@ -154,8 +154,10 @@ class PrivacyConfig:
     # at half the scale and its weight capped at eval_max_ratings ratings, normalised and clipped to L2 norm 1, go
     # through SecAgg+ with the nodes' noise shares of std eval_noise_multiplier (at the floor); every evaluation
     # (after each federation.eval_every-th training round and the last) is charged to the user-level budget
-    # (one release at 4 on ML-100K: the training sigma rises 1.2% at epsilon 8, the released RMSE is +-0.024)
-    eval_noise_multiplier: float = ranged(4.0, _POSITIVE)
+    # sigma_e; 0 (default): calibrated so that the run's planned evaluations alone spend eval_budget_share of
+    # target_epsilon (the training sigma is then calibrated for the rest)
+    eval_noise_multiplier: float = ranged(0.0, _NON_NEGATIVE)
+    eval_budget_share: float = ranged(0.1, Range(0, 1, open_low=True, open_high=True, text="0 < share < 1"))
     eval_max_ratings: int = ranged(10, _AT_LEAST_ONE)
 
     pseudo_items: int = ranged(1000, _NON_NEGATIVE)  # M: the uniform sampler draws max(M, K) pseudo items for K own items

@@ -207,7 +207,7 @@ def evaluate_user_dp(cfg, rounds: FedGNNRounds, server: FedGNNServer, users: lis
     every test rating, which only a simulation can compute (no party of a deployment ever holds it)."""
     weights, table = server.model_weights(), server.table()
     everyone = [u for us in rounds.plan_evaluate_sum(set(users)).values() for u in us]
-    std = charged_multiplier(cfg.privacy.eval_noise_multiplier, len(everyone), rounds.secure_floor)
+    std = charged_multiplier(rounds.user_dp.eval_sigma, len(everyone), rounds.secure_floor)
     vector = node_evaluation([user(u) for u in everyone], weights, table, logical, cfg.privacy.eval_max_ratings, std)
     released = rounds.evaluate_sum(logical, vector, len(everyone), [], started, 0.0, 0.0) or {}
     sse, n = 0.0, 0

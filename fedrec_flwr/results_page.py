@@ -34,7 +34,8 @@ BLOCKS = (
 )
 
 FEDGNN_LDP_MATCHED = "LDP ε = 1 per coordinate of one upload (δ = 0.1, λ = 0.2), popularity-matched pseudo items"
-USER_DP = "user-level (ε = 8, δ = 1e-5) over the run, add or remove one user; SecAgg+ sum only"
+USER_DP = ("user-level training ε ≤ 8 (δ = 1e-5; 7.0 / 6.7 spent with every node reporting, the noise floor at 0.8 "
+           "of the nodes), add or remove one user; SecAgg+ sum only, device-secret noise; evaluation outside it")
 NO_PRIVACY = "none (centralized)"
 # FedGNN (Wu et al. 2021, Table 3) and its journal version FedPerGNN (Wu et al., Nature Communications 2022),
 # both with their privacy (pseudo items + per-coordinate LDP)

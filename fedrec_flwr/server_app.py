@@ -119,7 +119,7 @@ def secagg_fit_workflow(cfg, strategy):
                                   timeout=cfg.federation.round_timeout or None)
 
     train = secure(secagg_clipping_range(p.clip_norm, per_node, share_std(sigma, p.clip_norm, floor)))
-    evaluate = secure(secagg_clipping_range(1.0, per_node, share_std(p.eval_noise_multiplier, 1.0, floor)))
+    evaluate = secure(secagg_clipping_range(1.0, per_node, share_std(strategy.rounds.user_dp.eval_sigma, 1.0, floor)))
 
     def fit(grid, context) -> None:
         """One fit round, secure or plain by the strategy's phase of it."""

@@ -233,15 +233,39 @@ def calibrate_noise_multiplier(q: float, rounds: int, target_epsilon: float, del
         target_epsilon, delta, mechanism_calibration.LowerEndpointAndGuess(0.05, 1.0), tol=1e-4))
 
 
+def run_eval_noise_multiplier(privacy, rounds: int, eval_every: int) -> float:
+    """sigma_e of a user-DP run's released evaluations: privacy.eval_noise_multiplier, or (when 0) the smallest whose
+    planned evaluations (`released_evaluations`) alone spend privacy.eval_budget_share of privacy.target_epsilon at
+    privacy.delta (dp-accounting's calibration). Deterministic: the server and every device compute the same."""
+    if privacy.eval_noise_multiplier > 0:
+        return float(privacy.eval_noise_multiplier)
+    return _calibrated_gaussian(released_evaluations(rounds, eval_every),
+                                float(privacy.eval_budget_share) * float(privacy.target_epsilon), float(privacy.delta))
+
+
+@lru_cache(maxsize=64)
+def _calibrated_gaussian(releases: int, epsilon: float, delta: float) -> float:
+    import dp_accounting
+    from dp_accounting import mechanism_calibration, rdp
+
+    _quiet_absl()
+    if releases <= 0 or epsilon <= 0:
+        raise ValueError(f"no budget to calibrate {releases} evaluations to (epsilon {epsilon:g})")
+    return float(mechanism_calibration.calibrate_dp_mechanism(
+        lambda: rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE),
+        lambda s: dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(s), releases), epsilon, delta,
+        mechanism_calibration.LowerEndpointAndGuess(0.05, 1.0), tol=1e-4))
+
+
 def run_noise_multiplier(privacy, clients_per_round: int, num_users: int, rounds: int, eval_every: int) -> float:
     """sigma of a user-DP run: privacy.noise_multiplier, or (when 0) calibrated so that `rounds` training rounds and
-    the evaluations released every `eval_every` of them (at privacy.eval_noise_multiplier) spend
+    the evaluations released every `eval_every` of them (at `run_eval_noise_multiplier`) spend
     privacy.target_epsilon at privacy.delta."""
     if privacy.noise_multiplier > 0:
         return float(privacy.noise_multiplier)
     return calibrate_noise_multiplier(sample_rate(clients_per_round, num_users), rounds, float(privacy.target_epsilon),
                                       float(privacy.delta), released_evaluations(rounds, eval_every),
-                                      float(privacy.eval_noise_multiplier))
+                                      run_eval_noise_multiplier(privacy, rounds, eval_every))
 
 
 class UserDPAccountant:
@@ -271,7 +295,8 @@ class UserDPAccountant:
         and the evaluations released every `eval_every` of them)."""
         return cls(num_users, sample_rate(clients_per_round, num_users),
                    run_noise_multiplier(privacy, clients_per_round, num_users, rounds, eval_every), privacy.clip_norm,
-                   privacy.delta, privacy.target_epsilon, privacy.eval_noise_multiplier, eval_every)
+                   privacy.delta, privacy.target_epsilon, run_eval_noise_multiplier(privacy, rounds, eval_every),
+                   eval_every)
 
     @property
     def rounds(self) -> int:

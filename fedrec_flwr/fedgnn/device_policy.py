@@ -73,12 +73,12 @@ class DevicePolicy:
         return cls(**{**asdict(SAFE_DEFAULTS), **values}).checked()
 
     @classmethod
-    def from_run(cls, privacy, noise_multiplier: float) -> "DevicePolicy":
+    def from_run(cls, privacy, noise_multiplier: float, eval_noise_multiplier: float = 0.0) -> "DevicePolicy":
         """A simulated device's policy: the run's own settings (its target epsilon, delta, the smaller of its training
         and evaluation sigma, C and floor), so that every simulated device enforces what the experimenter configured,
         with its own ledger."""
         target = float(privacy.target_epsilon) if privacy.target_epsilon > 0 else math.inf
-        least = min(float(noise_multiplier), float(getattr(privacy, "eval_noise_multiplier", noise_multiplier)))
+        least = min(float(noise_multiplier), float(eval_noise_multiplier or noise_multiplier))
         return cls(target, float(privacy.delta), least, float(privacy.clip_norm),
                    SAFE_DEFAULTS.min_nodes, float(privacy.min_node_fraction),
                    mode=str(getattr(privacy, "mode", "user_dp"))).checked()

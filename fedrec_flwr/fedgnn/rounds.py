@@ -392,7 +392,7 @@ class FedGNNRounds:
             self.reject(logical_round, f"client failure: {why}")
         metrics = None
         if summed is not None and nodes:
-            sigma = charged_multiplier(self.privacy.eval_noise_multiplier, nodes, self.secure_floor)
+            sigma = charged_multiplier(self.user_dp.eval_sigma, nodes, self.secure_floor)
             self.user_dp.record_evaluation(sigma)  # released, so spent, whether or not it passes the check
             try:
                 rmse, mae, weighted = evaluation_metrics(summed, self.rating_span, self.privacy.eval_max_ratings,
