@@ -221,6 +221,8 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
             # expansion right after registration, so one training round follows it; seed 0's fault draws make
             # device 2 upload NaN in that round (the other two are applied)
             run_set += ["expansion.mode=fixed", "expansion.epoch=0", "faults.malformed=0.3"]
+        else:  # three users can release an evaluation only with little noise: each counts one rating's weight
+            run_set += ["privacy.eval_noise_multiplier=1.0", "privacy.eval_max_ratings=1"]
         files = [data / f"user-{i}.npz" for i in range(nodes)]
     else:
         preset, dataset = "fppdm", "synthetic-md3"

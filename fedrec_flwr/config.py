@@ -683,6 +683,9 @@ def _validate_user_dp(cfg: AppConfig) -> None:
     if p.noise_multiplier <= 0 and p.target_epsilon <= 0:
         raise ConfigError("privacy.mode = 'user_dp' needs privacy.target_epsilon > 0 (sigma calibrated to it) or "
                           "privacy.noise_multiplier > 0; with neither, the sum would carry no noise")
+    if p.target_epsilon <= 0 and p.eval_noise_multiplier <= 0:
+        raise ConfigError("privacy.mode = 'user_dp' without privacy.target_epsilon has no budget to size its released "
+                          "evaluation from; expected privacy.eval_noise_multiplier > 0")
     if cfg.expansion.mode != "none":
         raise ConfigError(f"privacy.mode = 'user_dp' with expansion.mode = {cfg.expansion.mode!r}: graph expansion sends "
                           "each user's embedding, trained on its ratings, to the neighbour service without noise, which "

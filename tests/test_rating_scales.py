@@ -18,7 +18,8 @@ from fedrec_flwr.data.node_files import load_catalogue, load_user_file
 from fedrec_flwr.data.synthetic import make_synthetic
 from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.node_data import export_nodes
-from tests.conftest import fixed_secrets
+from fedrec_flwr.privacy.device_secret import DeviceSecret
+from tests.conftest import TEST_SECRET, fixed_secrets
 
 SCALES = ("1-5", "0.5-5", "1-100")
 # 20 rounds of 32 of 120 users (each trained ~5 times), evaluated once: about 8 s a scale on one core
@@ -73,23 +74,35 @@ def test_devices_read_reference_units_and_stores_keep_the_dataset_scale(tmp_path
     assert '"high": 100.0' in cat.read_text()  # the catalogue publishes the dataset's scale
 
 
+SECOND_SECRET = DeviceSecret(bytes([7]) * 32)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """(final RMSE, global-mean RMSE, high - low) of the small quickstart protocol on each scale."""
+    """(final RMSE, global-mean RMSE, high - low) of the small quickstart protocol on each scale, the RMSE the mean of
+    two runs with different fixed device secrets (one 20-round run's draws move its ratio by about 0.01)."""
     out = {}
     for scale in SCALES:
-        cfg = _cfg(tmp_path_factory.mktemp(scale), scale, *SMALL)
+        rmses = []
+        for secret in (TEST_SECRET, SECOND_SECRET):
+            folder = tmp_path_factory.mktemp(scale)
+            path = folder / "secret"
+            path.write_text(secret.hex_for_node_state())
+            path.chmod(0o600)
+            cfg = _cfg(folder, scale, *SMALL, f"simulation.device_secrets={path}")
+            rmses.append(run_in_process(cfg, log_every=0)["rmse"])
         ds = UserPartitions(prepare_partitions(cfg.data)).ratings()
-        out[scale] = (run_in_process(cfg, log_every=0)["rmse"], baseline_rmses(ds)["global_mean"], ds.scale.high - ds.scale.low)
+        out[scale] = (float(np.mean(rmses)), baseline_rmses(ds)["global_mean"], ds.scale.high - ds.scale.low)
     return out
 
 
 def test_rmse_over_the_range_agrees_across_scales(runs):
-    """Measured (20 rounds): RMSE / range 0.2170 (1-5), 0.2058 (0.5-5), 0.2029 (1-100), a spread of 0.014 that the
-    data's own rounding explains: the global-mean predictor spreads 0.013 (0.2449, 0.2328, 0.2319), the 1-5
-    integers being the coarsest. Without the map back, 1-100 would report RMSE / range near 0.002; without the
-    device-side map the ratio to the global mean spread 0.035. Tolerances: 0.025 on RMSE / range, 0.03 on the
-    ratio to the global-mean RMSE (the scale-free number; measured spread 0.011)."""
+    """The data's own rounding makes the scales differ: the global-mean predictor's RMSE / range spreads 0.013
+    (0.2449, 0.2328, 0.2319), the 1-5 integers being the coarsest, and the model's ratio to it comes out highest on
+    1-5 too. Measured (20 rounds, device-secret draws): the ratio's spread is 0.016 to 0.030 over four single
+    secrets, 0.023 for the mean of the two used here. Without the map back, 1-100 would report RMSE / range near
+    0.002; without the device-side map the ratio spread 0.035 (seeded draws; the map itself is tested directly
+    above). Tolerances: 0.025 on RMSE / range, 0.03 on the ratio to the global-mean RMSE (the scale-free number)."""
     normalised = {s: rmse / span for s, (rmse, _, span) in runs.items()}
     ratio = {s: rmse / mean for s, (rmse, mean, _) in runs.items()}
     assert max(normalised.values()) - min(normalised.values()) < 0.025, normalised

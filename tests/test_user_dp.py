@@ -296,3 +296,39 @@ def test_evaluation_releases_only_the_noisy_clipped_sum_and_charges_it(tiny_cfg)
     rounds.evaluate_sum(4, [total.astype(np.float32)], 60, [], 0.0, 0.0, 0.0)
     assert rounds.user_dp.budget()["evaluations"] == 2 and "noisy sum" in rounds.final["released"]
     assert rounds.final["rmse"] == pytest.approx(clip * np.sqrt(total[0] / total[2]), rel=1e-6)
+
+
+def test_a_non_finite_download_is_refused_and_a_non_finite_user_adds_nothing(tiny_cfg):
+    """A NaN in one item row would turn exactly the updates or error sums of the users who rated it into NaN,
+    which SecAgg+ quantises to a constant no noise hides: the device refuses such a download before touching any
+    user's data, and a user whose update or error sums still come out non-finite contributes zero. The released
+    evaluation's scale is the same for every user, so a perfect user and a user at the error clip decode to their
+    exact clipped RMSE (a data-dependent scale biased it low)."""
+    from fedrec_flwr.fedgnn.user_dp import evaluation_metrics, evaluation_vector
+    from fedrec_flwr.metrics import ErrorSums
+
+    cfg = tiny_cfg("privacy.mode=user_dp", "privacy.noise_multiplier=1")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
+    user = FedGNNUser(DeviceSections.from_config(cfg), meta, parts.user(3), MemoryStore())
+    table = server.table().copy()
+    table[int(parts.user(3).train_items[0])] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        node_update([user], server.model_weights(), table, 2, None, 8, 1.0, 0.0)
+
+    grads = [np.full(5, np.nan, np.float32), np.ones(5, np.float32) * 0.1]
+    rows = [np.full((2, 4), np.nan, np.float32), np.ones((1, 4), np.float32) * 0.1]
+    node = NodeSum([(5,)], 10, 4, 1.0, torch.device("cpu"))
+    node.add(_steps(grads, rows), [np.array([1, 2]), np.array([3])])
+    model, table_sum = node.noised(0.0, np.random.default_rng(0))
+    assert np.isfinite(model).all() and np.isfinite(table_sum).all()
+    np.testing.assert_allclose(model, grads[1], rtol=1e-6)  # only the finite user's update
+    assert not table_sum[[1, 2]].any()
+    assert not evaluation_vector(ErrorSums(float("nan"), 1.0, 3), 2.0, 10).any()
+
+    perfect, worst = ErrorSums(0.0, 0.0, 10), ErrorSums(40.0, 20.0, 10)  # every error at the clip (2)
+    total = evaluation_vector(perfect, 2.0, 10) + evaluation_vector(worst, 2.0, 10)
+    rmse, mae, weighted = evaluation_metrics([total], 4.0, 10, 2, 0.0)
+    assert rmse == pytest.approx(np.sqrt(40.0 / 20), rel=1e-9) and mae == pytest.approx(1.0, rel=1e-9)
+    assert weighted == pytest.approx(20.0)

@@ -166,11 +166,25 @@ def ready(model: RatingGNN, device: torch.device, training: bool) -> RatingGNN:
     return model
 
 
+DOWNLOAD_BOUND = 1e6  # no honest model weight or item row comes near it
+
+
+def check_download(arrays: list[np.ndarray]) -> None:
+    """ValueError unless every value the server sent is finite and within DOWNLOAD_BOUND. Checked before any user's
+    data is touched: a NaN or huge value in one item row would otherwise turn exactly the updates (or error sums) of
+    the users who rated it non-finite, which no noise hides; refusing on the download alone reveals nothing."""
+    for a in arrays:
+        a = np.asarray(a)
+        if a.dtype.kind in "fc" and a.size and not (np.isfinite(a).all() and np.abs(a).max() <= DOWNLOAD_BOUND):
+            raise ValueError(f"the server's download holds non-finite values or values past {DOWNLOAD_BOUND:g}")
+
+
 def set_weights(model: RatingGNN, arrays: list[np.ndarray]) -> None:
-    """Load the server's model weights into `model` (parameters in registration order)."""
+    """Load the server's model weights into `model` (parameters in registration order), checked (`check_download`)."""
     params = list(model.parameters())
     if len(arrays) != len(params):
         raise ValueError(f"expected {len(params)} model arrays, got {len(arrays)}")
+    check_download(arrays)
     with torch.no_grad():
         for p, a in zip(params, arrays):
             p.copy_(torch.from_numpy(np.asarray(a)).reshape(p.shape))
@@ -260,6 +274,7 @@ class FedGNNUser:
         expected = (self.meta.num_items if self.whole_table else self.state.anonymity_ids.size, row_width(self.cfg.model))
         if rows.shape != expected:
             raise ValueError(f"item rows have shape {rows.shape}, expected {expected}")
+        check_download([rows])
         return rows
 
     @property

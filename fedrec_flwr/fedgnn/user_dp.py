@@ -30,7 +30,7 @@ import torch
 
 from fedrec_flwr.fedgnn.local_step import StepBatch, run_local_steps
 from fedrec_flwr.fedgnn.protocol import RoundConfig, UploadRejected
-from fedrec_flwr.fedgnn.user import FedGNNUser, user_rng
+from fedrec_flwr.fedgnn.user import FedGNNUser, check_download, user_rng
 from fedrec_flwr.metrics import ErrorSums
 from fedrec_flwr.privacy.device_secret import DeviceSecret
 
@@ -74,10 +74,13 @@ class NodeSum:
         of its real rows)."""
         norms = update_norms(steps)
         scale = torch.clamp(self.clip_norm / torch.clamp(norms, min=1e-12), max=1.0).float()
+        # a user whose update is not finite adds nothing (NaN * 0 is NaN, so its gradients are replaced, not scaled)
+        finite = torch.isfinite(norms)
+        scale = torch.where(finite, scale, torch.zeros_like(scale))
         for acc, g in zip(self.model, steps.model_grads):
-            acc += torch.tensordot(scale, g, dims=([0], [0]))
+            acc += torch.tensordot(scale, torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0), dims=([0], [0]))
         for k, ids in enumerate(items):
-            if ids.size:
+            if ids.size and bool(finite[k]):
                 self.table.index_add_(0, torch.from_numpy(ids).to(self.device), steps.rows[k, : ids.size] * scale[k])
 
     def noised(self, std: float, rng: np.random.Generator) -> list[np.ndarray]:
@@ -99,6 +102,7 @@ def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.nd
     of probability `q`), plus the node's noise share N(0, noise_std^2) per coordinate (`NodeSum`), drawn from the
     secure stream of its first user. The device computes q and the share itself (`device_policy.DeviceLimits`)."""
     cfg = users[0].cfg
+    check_download([*weights, table])  # before any coin or user's data: a refusal then reveals nothing
     node = NodeSum([tuple(np.shape(w)) for w in weights], table.shape[0], table.shape[1], cfg.privacy.clip_norm,
                    users[0].device)
     sampled = [u for u in users if samples_itself(cfg.secret, u.user, server_round, q, u.round_key(server_round)[1])]
@@ -114,14 +118,16 @@ def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.nd
 
 
 def evaluation_vector(sums: ErrorSums, error_clip: float, max_ratings: int) -> np.ndarray:
-    """One user's contribution to a released evaluation: w (SSE / c^2, SAE / c, n) with its errors clipped at c and
-    w = min(1, m / n) / m (its weight capped at m = max_ratings ratings), so each coordinate lies in [0, 1], then
-    scaled to L2 norm at most 1: adding or removing the user moves the released sums by at most 1."""
+    """One user's contribution to a released evaluation: w (SSE / c^2, SAE / c, n) / sqrt(3) with its errors clipped
+    at c and w = min(1, m / n) / m (its weight capped at m = max_ratings ratings): each coordinate lies in
+    [0, 1 / sqrt(3)], so adding or removing the user moves the released sums by at most 1 in L2 (a non-finite
+    contribution counts as zero). The scale is the same for every user, so the decoded ratios are not biased."""
     if sums.n == 0:
         return np.zeros(3)
     w = min(1.0, max_ratings / sums.n) / max_ratings
-    v = np.array([sums.sse / error_clip**2, sums.sae / error_clip, float(sums.n)]) * w
-    return v / max(1.0, float(np.linalg.norm(v)))
+    n = float(sums.n)  # errors past the clip count as the clip, whatever called this
+    v = np.array([min(sums.sse / error_clip**2, n), min(sums.sae / error_clip, n), n]) * w / math.sqrt(3.0)
+    return v if np.isfinite(v).all() else np.zeros(3)  # a fixed scale: a data-dependent one would bias the ratios
 
 
 def node_evaluation(users: list[FedGNNUser], weights: list[np.ndarray], table: np.ndarray, server_round: int,
@@ -131,6 +137,7 @@ def node_evaluation(users: list[FedGNNUser], weights: list[np.ndarray], table: n
     the secure stream of its first user; one float32 array of 3 (SecAgg+ masks it like a training vector)."""
     span = users[0].meta.scale.high - users[0].meta.scale.low
     clip = EVAL_ERROR_CLIP * span
+    check_download([*weights, table])  # before any user's data: a refusal then reveals nothing
     total = np.zeros(3)
     for u in users:
         total += evaluation_vector(u.evaluate(weights, table, clip), clip, max_ratings)
@@ -155,7 +162,7 @@ def evaluation_metrics(arrays: list[np.ndarray], span: float, max_ratings: int, 
         raise UploadRejected(f"the evaluation sum's noisy count {n:.4g} is not positive: too few users for noise "
                              f"{noise_std:.3g}")
     clip = EVAL_ERROR_CLIP * span
-    return clip * math.sqrt(max(sse, 0.0) / n), clip * max(sae, 0.0) / n, n * max_ratings
+    return clip * math.sqrt(max(sse, 0.0) / n), clip * max(sae, 0.0) / n, n * max_ratings * math.sqrt(3.0)
 
 
 def secagg_clipping_range(clip_norm: float, users_per_node: int, share_std: float) -> float:
