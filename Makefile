@@ -45,8 +45,9 @@ plot: install
 
 # The local SuperLink keeps running after `flwr run`; it also keeps the environment it was
 # started with (PATH, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION).
-stop-superlink:
-	-pkill -f flower-superlink
+# Stops only this user's local SuperLink of this Flower home, by process id (never other users' or runs').
+stop-superlink: install
+	$(BIN)/python -m fedrec_flwr.local_superlink
 
 clean:
 	rm -rf outputs .cache

@@ -6,7 +6,7 @@
 #
 # Flower's Ray backend calls ray.init() without an address, and Ray then joins the cluster named by
 # RAY_ADDRESS. `flwr run . local` hands the run to a background SuperLink that keeps the environment
-# it was started with, so this script stops any running local SuperLink first and again at the end
+# it was started with, so this script stops this user's local SuperLink first and again at the end
 # (the next plain run then starts a fresh one on this machine's own Ray). With --local-cluster it
 # starts a head node and a second node on loopback (RAY_NODE_CPUS each, default 1) and stops both at
 # the end. The ClientApp actors are spread over every node's CPUs (simulation.num_cpus per actor).
@@ -18,7 +18,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 
 started_cluster=0
 cleanup() {
-  pkill -f flower-superlink 2>/dev/null || true
+  "$PY" -m fedrec_flwr.local_superlink 2>/dev/null || true  # this user's local SuperLink only, by process id
   if [ "$started_cluster" = 1 ]; then "$RAY" stop --force >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
@@ -45,5 +45,5 @@ ray.shutdown()
 EOF
 )
 echo "ray_cluster_run.sh: cluster at $RAY_ADDRESS: $nodes (nodes, CPUs)"
-pkill -f flower-superlink 2>/dev/null || true  # a SuperLink started before would ignore RAY_ADDRESS
+"$PY" -m fedrec_flwr.local_superlink || true  # our local SuperLink started before would ignore RAY_ADDRESS
 "$PY" -m fedrec_flwr.cli run "$@"
