@@ -6,17 +6,19 @@ At each SecAgg+ stage, before Flower's mod touches keys, shares or the update:
   threshold is at least 2/3 of the shares;
 - share keys / collect masked vectors: the round has at least the noise floor's K nodes; before the update is
   computed, the run's sigma and C are within the device's limits and one more round fits its budget;
+- collect masked vectors: the round is a training or evaluation round set up with its own SecAgg+ range, and it
+  is charged in full (sigma, as at the floor) before the masked vector leaves;
 - unmask: the active and dead lists are consistent with what the device saw (`check_secure_round`); only then
-  does Flower's mod release its shares, and the device charges its ledger at the noise the sum carries
+  does Flower's mod release its shares, and the device settles the round's charge at the noise the sum carries
   (sigma sqrt(k / K) for k active nodes).
-A refusal raises `PolicyRefusal`: the device drops out of the round, its update never released. The ledger lives in
-the node's state (Context.state) and, where the node has a `state-dir`, in a file beside its secret.
+Plain training messages (but registration) and plain evaluation requests are refused. A refusal raises
+`PolicyRefusal`: the device drops out of the round, its update never released. The ledger lives in the node's state
+(Context.state), or, where the node has a `state-dir`, only in a file beside its secret.
 """
 
 from __future__ import annotations
 
 import fcntl
-import logging
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,7 +41,6 @@ from fedrec_flwr.fedgnn.device_policy import (
 from fedrec_flwr.fedgnn.protocol import PHASE_EVALUATE_SUM, PHASE_REGISTER, PHASE_TRAIN
 from fedrec_flwr.fsutil import atomic_write
 
-log = logging.getLogger(__name__)
 STATE_KEY = "fedrec.device"  # the node's own record: its ledger, a pending charge (and, in a simulation, its secret)
 FIT_CONFIG = "fitins.config"  # where Flower's compat layer puts a fit message's config (the round's phase)
 
@@ -91,18 +92,16 @@ def load_ledger(context: Context, terms: DeviceTerms) -> DeviceLedger:
     if terms.ledger_file is not None:
         return DeviceLedger.from_json(terms.ledger_file.read_text(encoding="utf-8")) \
             if terms.ledger_file.is_file() else DeviceLedger()
-    rec = context.state.config_records.get(STATE_KEY)
-    return DeviceLedger.from_json(str(rec["ledger"])) if rec is not None and "ledger" in rec else DeviceLedger()
+    text = _recorded(context, "ledger")
+    return DeviceLedger() if text is None else DeviceLedger.from_json(str(text))
 
 
 def save_ledger(context: Context, terms: DeviceTerms, ledger: DeviceLedger) -> None:
     """Keep the ledger: in its file (written atomically) where the device has one, else in the node state."""
     if terms.ledger_file is not None:
         atomic_write(terms.ledger_file, ledger.to_json().encode())
-        return
-    rec = context.state.config_records.get(STATE_KEY) or ConfigRecord({})
-    rec["ledger"] = ledger.to_json()
-    context.state.config_records[STATE_KEY] = rec
+    else:
+        _record(context, "ledger", ledger.to_json())
 
 
 @contextmanager
@@ -120,14 +119,16 @@ def ledger_lock(terms: DeviceTerms):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _pending(context: Context) -> list[float] | None:
+def _recorded(context: Context, key: str, default=None):
+    """A value the guard keeps in the node's own record (never sent)."""
     rec = context.state.config_records.get(STATE_KEY)
-    return None if rec is None or "pending" not in rec or not rec["pending"] else [float(x) for x in rec["pending"]]
+    return rec[key] if rec is not None and key in rec else default
 
 
-def _set_pending(context: Context, pending: list[float]) -> None:
+def _record(context: Context, key: str, value) -> None:
+    """Keep `value` in the node's own record."""
     rec = context.state.config_records.get(STATE_KEY) or ConfigRecord({})
-    rec["pending"] = pending
+    rec[key] = value
     context.state.config_records[STATE_KEY] = rec
 
 
@@ -153,15 +154,16 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
         stage = str(configs.get(Key.STAGE, ""))
         terms = terms_of(context)
         if stage == Stage.SETUP:
-            _set_pending(context, [])  # a pending charge of an earlier round stays charged in full
-            _set_setup_range(context, _check_setup(configs, terms))
+            _record(context, "pending", [])  # a pending charge of an earlier round stays charged in full
+            _record(context, "setup_range", _check_setup(configs, terms))
         elif stage == Stage.SHARE_KEYS:
             _admit_count(sum(1 for k in configs if k != Key.STAGE), terms.floor, "nodes exchanging keys")  # one per node
         elif stage == Stage.COLLECT_MASKED_VECTORS:
             _admit_count(len(configs[Key.CIPHERTEXT_LIST]) + 1, terms.floor, "nodes sending masked vectors")
             phase = _phase(msg)
             q, sigma = terms.charge_of(phase)
-            if not math.isclose(_setup_range(context), terms.clipping_range_of(phase), rel_tol=1e-9):
+            if not math.isclose(float(_recorded(context, "setup_range", math.nan)), terms.clipping_range_of(phase),
+                                rel_tol=1e-9):
                 raise PolicyRefusal(f"a {phase} round set up with another round's SecAgg+ clipping range")
             terms.policy.admit_run(sigma, terms.clip_norm)  # the same minimum for updates and evaluations
             with ledger_lock(terms):  # charged in full (sigma, as at the floor) before the masked vector leaves
@@ -169,7 +171,7 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
                 ledger.admit(terms.policy, q, sigma)
                 ledger.charge(q, sigma)
                 save_ledger(context, terms, ledger)
-            _set_pending(context, [q, sigma])
+            _record(context, "pending", [q, sigma])
         elif stage == Stage.UNMASK:
             state = context.state.config_records[RECORD_KEY_STATE]
             own, threshold = int(state["nid"]), int(state["threshold"])
@@ -177,29 +179,18 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
             active = list(configs[Key.ACTIVE_NODE_ID_LIST])
             check_secure_round(own, active, list(configs[Key.DEAD_NODE_ID_LIST]), known, threshold, terms.floor)
             reply = call_next(msg, context)
-            pending = _pending(context)
-            if not reply.has_error() and pending is not None:  # the sum's k shares: charge what it carries
+            pending = [float(x) for x in _recorded(context, "pending", [])]
+            if not reply.has_error() and pending:  # the sum's k shares: charge what it carries
                 with ledger_lock(terms):
                     ledger = load_ledger(context, terms)
                     ledger.refund(*pending)
                     ledger.charge(pending[0], charged_multiplier(pending[1], len(active), terms.floor))
                     save_ledger(context, terms, ledger)
-                _set_pending(context, [])
+                _record(context, "pending", [])
             return reply
         return call_next(msg, context)
 
     return mod
-
-
-def _setup_range(context: Context) -> float:
-    rec = context.state.config_records.get(STATE_KEY)
-    return float(rec["setup_range"]) if rec is not None and "setup_range" in rec else float("nan")
-
-
-def _set_setup_range(context: Context, clipping_range: float) -> None:
-    rec = context.state.config_records.get(STATE_KEY) or ConfigRecord({})
-    rec["setup_range"] = clipping_range
-    context.state.config_records[STATE_KEY] = rec
 
 
 def _check_setup(configs, terms: DeviceTerms) -> float:

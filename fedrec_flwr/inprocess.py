@@ -214,17 +214,12 @@ def evaluate_user_dp(cfg, rounds: FedGNNRounds, server: FedGNNServer, users: lis
     for u in everyone:
         s, _, k = user(u).evaluate(weights, table)
         sse, n = sse + s, n + k
-    factor = server_scale_factor(rounds)
+    factor = rounds.unit_factor()
     return {"round": rounds.train_rounds_done, "phase": PHASE_EVALUATE_SUM, "round_seconds": time.time() - started,
             "rmse": float(np.sqrt(sse / n)) * factor if n else None, "eval_ratings": n,
             "released_rmse": released.get("rmse"), "released_mae": released.get("mae"),
             "rmse_is": "exact, every test rating (simulation only); released_rmse is what the server learns",
             "uploads_per_user": rounds.upload_counts(), "privacy": rounds.privacy_budget()}
-
-
-def server_scale_factor(rounds: FedGNNRounds) -> float:
-    """Reference units (what devices report) to the dataset's own scale."""
-    return 1.0 if rounds.public_scale is None else rounds.public_scale.unit_factor
 
 
 def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: list[int],

@@ -175,19 +175,27 @@ def subsampled_gaussian_epsilon(q: float, noise: dict[float, int], delta: float,
                                 evaluations: dict[float, int] | None = None) -> float:
     """epsilon at `delta` of rounds of the Poisson-subsampled Gaussian (sampling rate q; `noise`: noise multiplier ->
     rounds run at it), plus `evaluations` (noise multiplier -> releases) of the plain Gaussian (every user in
-    each: q = 1), add-or-remove-one-user relation. RDP composes by addition, so this is what dp-accounting's
-    RdpAccountant gives for the same events (the rounds at one sigma count times that sigma's one-round RDP)."""
+    each: q = 1), add-or-remove-one-user relation (`gaussian_events_epsilon`)."""
+    events = {(q, sigma): n for sigma, n in noise.items()}
+    for sigma, n in (evaluations or {}).items():
+        events[(1.0, sigma)] = events.get((1.0, sigma), 0) + n
+    return gaussian_events_epsilon(events, delta)
+
+
+def gaussian_events_epsilon(events: dict[tuple[float, float], int], delta: float) -> float:
+    """epsilon at `delta` of Poisson-subsampled Gaussian releases ((sampling rate, noise multiplier) -> how many),
+    add-or-remove-one-user relation. RDP composes by addition, so this is what dp-accounting's RdpAccountant gives
+    for the same events (the releases at one (q, sigma) count times its one-release RDP)."""
     from dp_accounting.rdp import rdp_privacy_accountant
 
     total, orders = None, None
-    for rate, events in ((q, noise), (1.0, evaluations or {})):
-        for sigma, rounds in sorted(events.items()):
-            if rounds <= 0:
-                continue
-            if sigma <= 0:
-                return float("inf")
-            orders, per_round = _one_round_rdp(float(rate), float(sigma))
-            total = rounds * per_round if total is None else total + rounds * per_round
+    for (rate, sigma), releases in sorted(events.items()):
+        if releases <= 0:
+            continue
+        if sigma <= 0:
+            return float("inf")
+        orders, per_round = _one_round_rdp(float(rate), float(sigma))
+        total = releases * per_round if total is None else total + releases * per_round
     if total is None:
         return 0.0
     return float(rdp_privacy_accountant.compute_epsilon(orders, total, delta)[0])

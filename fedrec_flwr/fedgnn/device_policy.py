@@ -23,7 +23,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields
 
-from fedrec_flwr.fedgnn.accounting import subsampled_gaussian_epsilon
+from fedrec_flwr.fedgnn.accounting import gaussian_events_epsilon
 
 MIN_THRESHOLD = 2.0 / 3.0  # fraction of SecAgg+ shares needed to unmask (see the module docstring)
 
@@ -153,15 +153,7 @@ class DeviceLedger:
         rounds = dict(self.rounds)
         if extra is not None:
             rounds[extra] = rounds.get(extra, 0) + 1
-        by_q: dict[float, dict[float, int]] = {}
-        for (q, sigma), n in rounds.items():
-            by_q.setdefault(q, {})[sigma] = n
-        if not by_q:
-            return 0.0
-        if len(by_q) == 1:
-            (q, noise), = by_q.items()
-            return subsampled_gaussian_epsilon(q, noise, delta)
-        return _mixed_epsilon(by_q, delta)  # rounds at several sampling rates (a server that changed q)
+        return gaussian_events_epsilon(rounds, delta)  # training (q) and evaluations (q = 1) alike
 
     def admit(self, policy: DevicePolicy, q: float, noise_multiplier: float) -> None:
         """PolicyRefusal if one more round at (q, sigma) would take this device past its max epsilon."""
@@ -197,18 +189,6 @@ class DeviceLedger:
     def from_json(cls, text: str) -> "DeviceLedger":
         """A ledger from `to_json`."""
         return cls({(float(q), float(s)): int(n) for q, s, n in json.loads(text)})
-
-
-def _mixed_epsilon(by_q: dict[float, dict[float, int]], delta: float) -> float:
-    """epsilon at `delta` of Poisson-subsampled Gaussian rounds at several sampling rates (RDP adds per order)."""
-    import dp_accounting
-    from dp_accounting import rdp
-
-    accountant = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-    for q, noise in by_q.items():
-        for sigma, n in noise.items():
-            accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), n)
-    return float(accountant.get_epsilon(delta))
 
 
 def check_secure_round(own: int, active: list[int], dead: list[int], known: set[int], threshold: int, floor: int) -> None:

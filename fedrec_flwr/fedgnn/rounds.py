@@ -376,6 +376,10 @@ class FedGNNRounds:
         r = self.train_rounds_done
         return self.user_dp is None and r > 0 and (r % self.federation.eval_every == 0 or last_round)
 
+    def unit_factor(self) -> float:
+        """Reference units (what devices report) to the dataset's own scale (1 without a public scale)."""
+        return 1.0 if self.public_scale is None else self.public_scale.unit_factor
+
     def plan_evaluate_sum(self, connected: set[int]) -> dict[int, list[int]]:
         """A user-DP evaluation round: every registered user, grouped by node (every node sends a vector)."""
         return self.bindings.by_node(self.bindings.live_users(connected))
@@ -397,7 +401,7 @@ class FedGNNRounds:
             try:
                 rmse, mae, weighted = evaluation_metrics(summed, self.rating_span, self.privacy.eval_max_ratings,
                                                          self.bindings.num_users, sigma)
-                factor = 1.0 if self.public_scale is None else self.public_scale.unit_factor
+                factor = self.unit_factor()
                 self.final = {"rmse": rmse * factor, "mae": mae * factor, "eval_ratings": round(weighted),
                               "released": "noisy sum under the user-level guarantee: errors clipped at half the "
                                           f"scale, at most {self.privacy.eval_max_ratings} ratings' weight a user",
@@ -465,7 +469,7 @@ class FedGNNRounds:
                         logical_round, len(replies), failures)
             return None
         sse, sae = math.fsum(sse_parts), math.fsum(sae_parts)  # exact: independent of arrival order
-        factor = 1.0 if self.public_scale is None else self.public_scale.unit_factor  # reference units -> the dataset's
+        factor = self.unit_factor()
         self.final = {"rmse": math.sqrt(sse / n) * factor, "mae": sae / n * factor, "eval_ratings": n,
                       **({} if self.test_ratings is None else {"test_ratings": self.test_ratings})}
         metrics = {**self.final, "eval_failures": failures, "eval_rejected": self.eval_rejections}

@@ -34,7 +34,6 @@ from randomgen import ChaCha
 
 SECRET_BYTES = 32
 _STREAM_LABEL = b"fedrec-flwr/device-stream/v1"
-_CHILD_LABEL = b"fedrec-flwr/device-child/v1"
 _FINGERPRINT_LABEL = b"fedrec-flwr/device-fingerprint/v1"
 
 
@@ -44,7 +43,7 @@ class DeviceSecretError(ValueError):
 
 class DeviceSecret:
     """A device's 32-byte secret. `generator(user, *stream)` gives a secure, reproducible stream per user and
-    purpose; `child(label)` derives an independent secret (one per simulated node from an experimenter's file)."""
+    purpose."""
 
     __slots__ = ("_key",)
 
@@ -87,10 +86,6 @@ class DeviceSecret:
         if len(key) != SECRET_BYTES:
             raise DeviceSecretError(f"device secret {path} does not hold {SECRET_BYTES * 2} hex characters")
         return cls(key)
-
-    def child(self, *label: int | str) -> "DeviceSecret":
-        """An independent secret for `label` (HMAC-SHA256 of this one): a simulated node's own secret."""
-        return DeviceSecret(hmac.new(self._key, _CHILD_LABEL + repr(label).encode(), hashlib.sha256).digest())
 
     def generator(self, user: int, *stream: int) -> np.random.Generator:
         """The secure stream of `user` for purpose `stream` (e.g. its round's noise): ChaCha20 keyed by
