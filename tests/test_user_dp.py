@@ -325,7 +325,12 @@ def test_a_non_finite_download_is_refused_and_a_non_finite_user_adds_nothing(tin
     assert np.isfinite(model).all() and np.isfinite(table_sum).all()
     np.testing.assert_allclose(model, grads[1], rtol=1e-6)  # only the finite user's update
     assert not table_sum[[1, 2]].any()
-    assert not evaluation_vector(ErrorSums(float("nan"), 1.0, 3), 2.0, 10).any()
+    for odd in (ErrorSums(float("nan"), 1.0, 3), ErrorSums(-1e30, 0.0, 3), ErrorSums(0.0, -1e30, 3),
+                ErrorSums(1.0, 1.0, -5), ErrorSums(float("inf"), float("inf"), 3)):
+        v = evaluation_vector(odd, 2.0, 10)
+        assert np.isfinite(v).all() and (v >= 0).all() and np.linalg.norm(v) <= 1.0 + 1e-12, (odd, v)
+    with pytest.raises(ValueError, match="int64"):
+        node_update([user], [w.astype(np.int64) for w in server.model_weights()], server.table(), 2, None, 8, 1.0, 0.0)
 
     perfect, worst = ErrorSums(0.0, 0.0, 10), ErrorSums(40.0, 20.0, 10)  # every error at the clip (2)
     total = evaluation_vector(perfect, 2.0, 10) + evaluation_vector(worst, 2.0, 10)

@@ -175,7 +175,9 @@ def check_download(arrays: list[np.ndarray]) -> None:
     the users who rated it non-finite, which no noise hides; refusing on the download alone reveals nothing."""
     for a in arrays:
         a = np.asarray(a)
-        if a.dtype.kind in "fc" and a.size and not (np.isfinite(a).all() and np.abs(a).max() <= DOWNLOAD_BOUND):
+        if a.dtype.kind != "f":
+            raise ValueError(f"the server's download holds a {a.dtype} array; model weights and rows are floats")
+        if a.size and not (np.isfinite(a).all() and np.abs(a).max() <= DOWNLOAD_BOUND):
             raise ValueError(f"the server's download holds non-finite values or values past {DOWNLOAD_BOUND:g}")
 
 

@@ -110,7 +110,8 @@ def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.nd
     def add_group(group: list[int], steps: StepBatch, rngs: list[np.random.Generator]) -> None:
         node.add(steps, [sampled[k].data.train_items for k in group])
         for k, emb, off in zip(group, steps.embeddings, steps.offsets):
-            sampled[k].finish_train(emb, float(off), server_round)
+            if np.isfinite(emb).all() and np.isfinite(off):  # a step a crafted download overflowed keeps the old state
+                sampled[k].finish_train(emb, float(off), server_round)
 
     run_local_steps(sampled, weights, [table] * len(sampled), server_round, round_config, batch, add_group)
     first = min(users, key=lambda u: u.user)
@@ -122,11 +123,13 @@ def evaluation_vector(sums: ErrorSums, error_clip: float, max_ratings: int) -> n
     at c and w = min(1, m / n) / m (its weight capped at m = max_ratings ratings): each coordinate lies in
     [0, 1 / sqrt(3)], so adding or removing the user moves the released sums by at most 1 in L2 (a non-finite
     contribution counts as zero). The scale is the same for every user, so the decoded ratios are not biased."""
-    if sums.n == 0:
+    n = float(sums.n)
+    if not (math.isfinite(n) and n > 0):
         return np.zeros(3)
-    w = min(1.0, max_ratings / sums.n) / max_ratings
-    n = float(sums.n)  # errors past the clip count as the clip, whatever called this
-    v = np.array([min(sums.sse / error_clip**2, n), min(sums.sae / error_clip, n), n]) * w / math.sqrt(3.0)
+    w = min(1.0, max_ratings / n) / max_ratings
+    # each error sum kept within [0, n] (of clipped errors), whatever called this: each coordinate in [0, 1/sqrt 3]
+    v = np.array([min(max(sums.sse / error_clip**2, 0.0), n), min(max(sums.sae / error_clip, 0.0), n), n]) * w
+    v /= math.sqrt(3.0)
     return v if np.isfinite(v).all() else np.zeros(3)  # a fixed scale: a data-dependent one would bias the ratios
 
 
