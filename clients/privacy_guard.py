@@ -7,7 +7,9 @@ At each SecAgg+ stage, before Flower's mod touches keys, shares or the update:
 - share keys / collect masked vectors: the round has at least the noise floor's K nodes; before the update is
   computed, the run's sigma and C are within the device's limits and one more round fits its budget;
 - collect masked vectors: the round is a training or evaluation round set up with its own SecAgg+ range, and it
-  is charged in full (sigma, as at the floor) before the masked vector leaves;
+  is charged in full (sigma, as at the floor) before the masked vector leaves, and the vector leaves no sooner than
+  the policy's `reply_seconds` after the request (`hold_reply`: its timing shows neither whether the device's users
+  sampled themselves nor how much data they hold);
 - unmask: the active and dead lists are consistent with what the device saw (`check_secure_round`); only then
   does Flower's mod release its shares, and the device settles the round's charge at the noise the sum carries
   (sigma sqrt(k / K) for k active nodes).
@@ -19,7 +21,9 @@ Plain training messages (but registration) and plain evaluation requests are ref
 from __future__ import annotations
 
 import fcntl
+import logging
 import math
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +44,8 @@ from fedrec_flwr.fedgnn.device_policy import (
 )
 from fedrec_flwr.fedgnn.protocol import PHASE_EVALUATE_SUM, PHASE_REGISTER, PHASE_TRAIN
 from fedrec_flwr.fsutil import atomic_write
+
+log = logging.getLogger(__name__)
 
 STATE_KEY = "fedrec.device"  # the node's own record: its ledger, a pending charge (and, in a simulation, its secret)
 FIT_CONFIG = "fitins.config"  # where Flower's compat layer puts a fit message's config (the round's phase)
@@ -137,8 +143,10 @@ def _phase(msg: Message) -> str:
     return str(rec.get("phase", "")) if rec is not None else ""
 
 
-def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
-    """The guard mod for user-DP runs; `terms_of(context)` gives the device's terms for the run (`DeviceTerms`)."""
+def privacy_guard(terms_of: Callable[[Context], DeviceTerms], clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep):
+    """The guard mod for user-DP runs; `terms_of(context)` gives the device's terms for the run (`DeviceTerms`).
+    `clock` and `sleep` time the masked-vector reply (`hold_reply`)."""
 
     def mod(msg: Message, context: Context, call_next) -> Message:
         if msg.metadata.message_type == MessageType.EVALUATE:  # exact error sums: only through the secure sum
@@ -159,6 +167,7 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
         elif stage == Stage.SHARE_KEYS:
             _admit_count(sum(1 for k in configs if k != Key.STAGE), terms.floor, "nodes exchanging keys")  # one per node
         elif stage == Stage.COLLECT_MASKED_VECTORS:
+            started = clock()
             _admit_count(len(configs[Key.CIPHERTEXT_LIST]) + 1, terms.floor, "nodes sending masked vectors")
             phase = _phase(msg)
             q, sigma = terms.charge_of(phase)
@@ -172,6 +181,9 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
                 ledger.charge(q, sigma)
                 save_ledger(context, terms, ledger)
             _record(context, "pending", [q, sigma])
+            reply = call_next(msg, context)
+            hold_reply(started, terms.policy.reply_seconds, clock, sleep)
+            return reply
         elif stage == Stage.UNMASK:
             state = context.state.config_records[RECORD_KEY_STATE]
             own, threshold = int(state["nid"]), int(state["threshold"])
@@ -191,6 +203,20 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms]):
         return call_next(msg, context)
 
     return mod
+
+
+def hold_reply(started: float, reply_seconds: float, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> None:
+    """Wait until `reply_seconds` after `started`: a masked vector then leaves at the same time whether the device's
+    users sampled themselves and trained or not, and whatever their number of ratings, so the server cannot time
+    the subsampling the accounting relies on. A step that overran the deadline is logged: that round's timing
+    may show it (raise node config privacy-reply-seconds)."""
+    left = started + reply_seconds - clock()
+    if left > 0:
+        sleep(left)
+    elif reply_seconds > 0:
+        log.warning("the secure-sum reply took %.1f s, past privacy-reply-seconds = %g: its timing may show whether "
+                    "this device trained; raise privacy-reply-seconds", reply_seconds - left, reply_seconds)
 
 
 def _check_setup(configs, terms: DeviceTerms) -> float:

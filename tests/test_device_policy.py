@@ -18,7 +18,13 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 
 from clients.privacy_guard import FIT_CONFIG, DeviceTerms, load_ledger, privacy_guard
 from fedrec_flwr.fedgnn.accounting import UserDPAccountant, calibrate_noise_multiplier
-from fedrec_flwr.fedgnn.device_policy import DevicePolicy, PolicyRefusal, charged_multiplier, floor_nodes
+from fedrec_flwr.fedgnn.device_policy import (
+    DevicePolicy,
+    DevicePolicyError,
+    PolicyRefusal,
+    charged_multiplier,
+    floor_nodes,
+)
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 
 OWN = 5
@@ -311,3 +317,49 @@ def test_evaluations_leave_only_through_secagg_with_their_own_range_and_charge()
     assert Stage.COLLECT_MASKED_VECTORS not in device.reached
     assert round_of("evaluate-sum", terms.eval_clipping_range)
     assert load_ledger(device.context, terms).rounds == {(1.0, round(4.0 * math.sqrt(12 / 10), 12)): 1}
+
+
+def test_a_masked_vector_leaves_at_the_policy_deadline_whether_the_device_trained_or_not():
+    """The server times each node's masked-vector reply. A deployed device whose user sampled itself computes for
+    seconds, one whose user did not for milliseconds: without the deadline the reply time says who trained, which
+    undoes the subsampling the accounting relies on. Behind the guard both leave `reply_seconds` after the
+    request (a clock the test drives); a step that overran leaves when it is done, and a simulation holds nothing."""
+    assert DevicePolicy.from_node_config({}).reply_seconds == 5.0  # deployed: on by default
+    assert DevicePolicy.from_node_config({"privacy-reply-seconds": "20"}).reply_seconds == 20.0
+    with pytest.raises(DevicePolicyError, match="reply-seconds"):
+        DevicePolicy.from_node_config({"privacy-reply-seconds": "-1"})
+
+    class TimedDevice(Device):
+        def __init__(self, terms: DeviceTerms, compute: float):
+            super().__init__(terms)
+            self.now, self.compute, self.replied_at = 100.0, compute, None
+            self.mod = privacy_guard(lambda context: terms, clock=lambda: self.now, sleep=self.sleep)
+
+        def sleep(self, seconds: float) -> None:
+            self.now += seconds
+
+        def call_next(self, msg, context):
+            configs = msg.content.config_records.get(RECORD_KEY_CONFIGS)
+            if configs is not None and str(configs[Key.STAGE]) == Stage.COLLECT_MASKED_VECTORS:
+                self.now += self.compute
+            return super().call_next(msg, context)
+
+    def reply_time(policy: DevicePolicy, compute: float) -> float:
+        device = TimedDevice(_terms(policy, 0.5, 1.0, 4), compute)
+        nodes = [OWN, 2, 3, 4, 5]
+        device.context.state.config_records[RECORD_KEY_STATE] = ConfigRecord(
+            {"nid": OWN, "threshold": 4, "rd_seed_share_dict:K": nodes, "rd_seed_share_dict:V": [b"s"] * 5})
+        device.mod(_setup(5, 4, device.terms), device.context, device.call_next)
+        device.mod(_message(Stage.SHARE_KEYS, **{str(n): [b"pk1", b"pk2"] for n in nodes}), device.context,
+                   device.call_next)
+        start = device.now
+        device.mod(_message(Stage.COLLECT_MASKED_VECTORS, **{Key.CIPHERTEXT_LIST: [b"c"] * 4,
+                                                             Key.SOURCE_LIST: nodes[1:]}), device.context,
+                   device.call_next)
+        return device.now - start
+
+    deployed = DevicePolicy(reply_seconds=5.0)
+    assert reply_time(deployed, 0.02) == reply_time(deployed, 3.0) == pytest.approx(5.0)
+    assert reply_time(deployed, 7.0) == pytest.approx(7.0)  # overran: leaves when done (and logs it)
+    simulated = DevicePolicy(reply_seconds=0.0)
+    assert reply_time(simulated, 0.02) == pytest.approx(0.02)

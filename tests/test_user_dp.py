@@ -201,6 +201,52 @@ def test_the_server_refuses_an_aggregate_no_honest_round_can_give():
         check_sum([np.full(3, 1000.0), np.zeros(1), np.zeros((5, 2))], shapes, table, 1.0, 0.1, 10.0)
 
 
+def _honest_sum(rng, d: int, users: int, std: float, aligned: bool) -> np.ndarray:
+    """users clipped updates of norm C = 1 (all in one direction when aligned: the largest honest signal) + N(0, std^2)."""
+    signal = np.zeros(d)
+    if aligned:
+        signal[:] = users / np.sqrt(d)
+    else:
+        for _ in range(users):
+            u = rng.standard_normal(d)
+            signal += u / np.linalg.norm(u)
+    return signal + std * rng.standard_normal(d)
+
+
+def test_the_sum_check_passes_honest_rounds_and_bounds_one_devices_addition_to_what_honest_users_reach():
+    """The server's two-sided check on a user-DP sum (ML-100K's size: d = 60,000, ~650 users at most, noise 1.1 a
+    coordinate). Honest sums pass, whether the users' updates are spread or all aligned (the largest honest signal).
+    A sum that other nodes' forged SecAgg+ weights shrank by 10% is refused: the noise's norm concentrates.
+    One device adding a vector the earlier linear bound let through ((U C + s (sqrt d + 6)): 880 long) is refused;
+    what it can still add is at most about U C (`benchmarks/user_dp_reach.py` measures what that does to RMSE)."""
+    from fedrec_flwr.fedgnn.user_dp import sample_count_bound, sum_norm_bounds
+
+    rng = np.random.default_rng(7)
+    d, expected, std = 60_000, 512.0, 1.1
+    users = sample_count_bound(expected)
+    shapes, table = [(8,)], (d // 8 - 1, 8)
+
+    def check(v: np.ndarray):
+        return check_sum([v[:8], v[8:].reshape(table)], shapes, table, 1.0, std, expected)
+
+    for aligned in (False, True):
+        for _ in range(3):
+            check(_honest_sum(rng, d, int(expected), std, aligned))  # no honest round refused
+    check(_honest_sum(rng, d, int(users), std, True))  # the largest sample, all aligned: still accepted
+    honest = _honest_sum(rng, d, int(expected), std, False)
+    with pytest.raises(UploadRejected, match="outside"):
+        check(0.9 * honest)  # the weight factor forged: every value scaled
+    old_limit = users + std * (np.sqrt(d) + 6.0)
+    push = np.ones(d) / np.sqrt(d)
+    old_reach = -(honest @ push) + np.sqrt((honest @ push) ** 2 - honest @ honest + old_limit**2)
+    assert np.linalg.norm(honest + old_reach * push) <= old_limit  # what passed before
+    with pytest.raises(UploadRejected, match="outside"):
+        check(honest + old_reach * push)
+    low, high = sum_norm_bounds(d, users, 1.0, std)
+    reach = -(honest @ push) + np.sqrt((honest @ push) ** 2 - honest @ honest + high)
+    assert reach < 1.05 * users < 0.8 * old_reach  # a device's whole reach: about the cohort's largest signal
+
+
 def test_a_short_user_dp_run_in_process_learns_and_reports_its_user_level_budget(tiny_cfg, tmp_path):
     cfg = tiny_cfg("privacy.mode=user_dp", "privacy.target_epsilon=8", "federation.rounds=12",
                    "federation.eval_every=12", "federation.clients_per_round=30", "server_opt.name=adam",

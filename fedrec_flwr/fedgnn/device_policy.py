@@ -48,12 +48,15 @@ class DevicePolicy:
     min_node_fraction: float = 0.8  # the noise floor: shares sized for this fraction of the run's nodes reporting
     min_threshold: float = MIN_THRESHOLD
     mode: str = "user_dp"  # the only privacy.mode the device takes part in ("user_dp" or "ldp")
+    # a secure-sum reply leaves no sooner than this after its request: how long a device computed (did its user
+    # sample itself? how many ratings?) must not show in when it answers; 0 in a simulation, which has no such channel
+    reply_seconds: float = 5.0
 
     @classmethod
     def from_node_config(cls, node_config) -> "DevicePolicy":
         """A deployed device's policy: node-config keys `privacy-max-epsilon`, `privacy-delta`,
-        `privacy-min-noise-multiplier`, `privacy-max-clip-norm`, `privacy-min-nodes`, `privacy-min-node-fraction`
-        and `privacy-mode` (`user_dp` unless the operator opts the device into the paper's `ldp`, which promises no
+        `privacy-min-noise-multiplier`, `privacy-max-clip-norm`, `privacy-min-nodes`, `privacy-min-node-fraction`,
+        `privacy-reply-seconds` and `privacy-mode` (`user_dp` unless the operator opts the device into the paper's `ldp`, which promises no
         per-user guarantee) (each optional; `SAFE_DEFAULTS` otherwise). A value out of range raises
         DevicePolicyError naming it."""
         values = {}
@@ -81,19 +84,21 @@ class DevicePolicy:
         least = min(float(noise_multiplier), float(eval_noise_multiplier or noise_multiplier))
         return cls(target, float(privacy.delta), least, float(privacy.clip_norm),
                    SAFE_DEFAULTS.min_nodes, float(privacy.min_node_fraction),
-                   mode=str(getattr(privacy, "mode", "user_dp"))).checked()
+                   mode=str(getattr(privacy, "mode", "user_dp")), reply_seconds=0.0).checked()
 
     def checked(self) -> "DevicePolicy":
         """This policy, or DevicePolicyError naming the first limit out of its range."""
         checks = [("max-epsilon", self.max_epsilon > 0), ("delta", 0 < self.delta < 1),
                   ("min-noise-multiplier", self.min_noise_multiplier > 0), ("max-clip-norm", self.max_clip_norm > 0),
                   ("min-nodes", self.min_nodes >= 3), ("min-node-fraction", 0 < self.min_node_fraction <= 1),
-                  ("mode", self.mode in ("user_dp", "ldp"))]
+                  ("mode", self.mode in ("user_dp", "ldp")),
+                  ("reply-seconds", 0 <= self.reply_seconds <= 3600)]
         for name, ok in checks:
             if not ok:
                 raise DevicePolicyError(f"device policy privacy-{name} = {getattr(self, name.replace('-', '_'))!r} is out "
                                         "of range (epsilon > 0, 0 < delta < 1, noise multiplier > 0, clip norm > 0, "
-                                        "min nodes >= 3, 0 < node fraction <= 1, mode user_dp or ldp)")
+                                        "min nodes >= 3, 0 < node fraction <= 1, mode user_dp or ldp, "
+                                        "0 <= reply seconds <= 3600)")
         return self
 
     def floor_nodes(self, run_nodes: int) -> int:

@@ -38,6 +38,7 @@ from fedrec_flwr.privacy.device_secret import DeviceSecret
 COIN_STREAM, NOISE_STREAM, EVAL_NOISE_STREAM = 3, 5, 6
 EVAL_ERROR_CLIP = 0.5  # of the scale's span: a released evaluation counts larger errors as half the scale
 NOISE_TAIL = 8.0  # SecAgg+ clips each coordinate at h C + NOISE_TAIL x the noise's standard deviation
+TAIL_LOG, TAIL_Z = 40.0, 9.0  # the server's norm check fails an honest round with probability below e^-40 a side
 
 
 def samples_itself(secret: DeviceSecret, user: int, server_round: int, q: float, attempt: int = 0) -> bool:
@@ -185,11 +186,26 @@ def secagg_quantization_range(nodes: int, modulus: int = 2**32) -> int:
     return q
 
 
+def sum_norm_bounds(coordinates: int, users: float, clip_norm: float, noise_std: float) -> tuple[float, float]:
+    """(low, high): the squared L2 norm an honest user-DP sum S + Z lies within, except with probability below
+    e^-TAIL_LOG per side. S is at most `users` clipped updates (|S| <= U C) and Z ~ N(0, noise_std^2 I_d):
+    |S + Z|^2 = |S|^2 + 2 <S, Z> + |Z|^2, with <S, Z> ~ N(0, |S|^2 s^2) within TAIL_Z of its deviation and
+    |Z|^2 / s^2 a chi-square of d degrees within Laurent and Massart's (2000) bounds d +- 2 sqrt(d x) (+ 2x).
+    Because the noise's norm concentrates (its relative spread is 1 / sqrt(2d)), a sum scaled by other nodes'
+    forged SecAgg+ weights, or one carrying much more than U C of extra signal, falls outside."""
+    d, x, z, s = float(coordinates), TAIL_LOG, TAIL_Z, noise_std
+    signal = users * clip_norm
+    high = signal**2 + 2.0 * z * signal * s + s**2 * (d + 2.0 * math.sqrt(d * x) + 2.0 * x)
+    # min over |S| = t of t^2 - 2 z t s is -z^2 s^2: the signal can cancel at most that much of the noise's norm
+    low = max(s**2 * (d - 2.0 * math.sqrt(d * x)) - (z * s) ** 2, 0.0)
+    return low, high
+
+
 def check_sum(arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], table_shape: tuple[int, int],
               clip_norm: float, noise_std: float, expected_users: float) -> list[np.ndarray]:
     """The unmasked sum of a user-DP round as float32 arrays, or UploadRejected when no honest round could give it:
-    wrong arrays or shapes, non-finite values, or an L2 norm past what the sampled users' clipped updates (at most
-    C each, the sample's count far into its binomial tail) plus the noise (a chi tail) reach."""
+    wrong arrays or shapes, non-finite values, or a squared L2 norm outside `sum_norm_bounds` for the sampled users
+    (at most C each, their count far into its Poisson tail) and the round's noise."""
     shapes = [*model_shapes, table_shape]
     if len(arrays) != len(shapes):
         raise UploadRejected(f"the aggregate has {len(arrays)} arrays, expected {len(shapes)} (model, item table)")
@@ -203,11 +219,16 @@ def check_sum(arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], tab
         if not np.isfinite(a).all():
             raise UploadRejected(f"aggregate array {i} holds NaN/Inf")
         out.append(a.reshape(shape))
-    norm = math.sqrt(math.fsum(float(np.square(a, dtype=np.float64).sum()) for a in out))
-    coordinates = sum(a.size for a in out)
-    users = expected_users + 6.0 * math.sqrt(max(expected_users, 1.0))  # Poisson count, six deviations out
-    limit = users * clip_norm + noise_std * (math.sqrt(coordinates) + 6.0)
-    if norm > limit:
-        raise UploadRejected(f"the aggregate's L2 norm {norm:.4g} exceeds the {limit:.4g} that ~{users:.0f} clipped "
-                             f"updates (C = {clip_norm:g}) and the noise (std {noise_std:.3g}) can reach")
+    squared = math.fsum(float(np.square(a, dtype=np.float64).sum()) for a in out)
+    users = sample_count_bound(expected_users)
+    low, high = sum_norm_bounds(sum(a.size for a in out), users, clip_norm, noise_std)
+    if not low <= squared <= high:
+        raise UploadRejected(f"the aggregate's L2 norm {math.sqrt(squared):.6g} is outside the [{math.sqrt(low):.6g}, "
+                             f"{math.sqrt(high):.6g}] that ~{users:.0f} clipped updates (C = {clip_norm:g}) and the "
+                             f"noise (std {noise_std:.3g} a coordinate) reach")
     return out
+
+
+def sample_count_bound(expected_users: float) -> float:
+    """The most users an honest round samples: its Poisson count q N, six deviations out."""
+    return expected_users + 6.0 * math.sqrt(max(expected_users, 1.0))
