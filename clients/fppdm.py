@@ -38,9 +38,12 @@ class FPPDMDomainClient(NumPyClient):
 
     def __init__(self, cfg: AppConfig, domain: Domain, domain_index: int, store, device: torch.device | None = None):
         f = cfg.fppdm
-        self.trainer = DomainTrainer(DomainData(domain), domain_index, f.model, f.training, f.coclustering, cfg.seed, device)
+        # the run's value bounds: the model clamps its outputs to them, the server checks them on every upload, and
+        # the domain checks every barycenter it is sent against them
+        self.max_abs_mu, self.max_sigma = value_bounds(f.server, f.training.margin)
+        self.trainer = DomainTrainer(DomainData(domain), domain_index, f.model, f.training, f.coclustering, cfg.seed, device,
+                                     (self.max_abs_mu, self.max_sigma))
         self.evaluation = f.evaluation
-        self.max_abs_mu, self.max_sigma = value_bounds(f.server, f.training.margin)  # what honest barycenters can be
         self.gaussian = f.model.gaussian
         self.store = store
         self.keys, self.packer = domain_crypto(f.secure) or (None, None)

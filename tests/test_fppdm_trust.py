@@ -4,11 +4,20 @@ and uploads without users counting toward nothing."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
+import torch
 
 from clients.fppdm import FPPDMDomainClient
-from fedrec_flwr.config import FPPDMModelConfig, FPPDMServerConfig, SecureAggregationConfig, load_config
+from fedrec_flwr.config import (
+    FederationConfig,
+    FPPDMModelConfig,
+    FPPDMServerConfig,
+    SecureAggregationConfig,
+    load_config,
+)
 from fedrec_flwr.data.synthetic import make_synthetic_multidomain
 from fedrec_flwr.fppdm.protocol import frame_ciphertexts, frame_gaussians
 from fedrec_flwr.fppdm.rounds import MAX_ABS_MU, MAX_SIGMA, FPPDMRounds, value_bounds
@@ -59,15 +68,54 @@ def test_a_node_cannot_take_another_domains_metrics():
 
 
 def test_value_bounds_come_from_the_models_scale():
-    assert value_bounds(FPPDMServerConfig(), 1.0) == (MAX_ABS_MU, MAX_SIGMA) == (4.0, 5.0)
-    assert value_bounds(FPPDMServerConfig(), 0.25) == (2.0, 3.0)  # they follow sqrt(margin)
-    assert value_bounds(FPPDMServerConfig(max_abs_mu=7.0), 1.0) == (7.0, 5.0)  # an explicit bound wins
+    assert value_bounds(FPPDMServerConfig(), 1.0) == (MAX_ABS_MU, MAX_SIGMA) == (16.0, 17.0)
+    assert value_bounds(FPPDMServerConfig(), 0.25) == (8.0, 9.0)  # they follow sqrt(margin)
+    assert value_bounds(FPPDMServerConfig(max_abs_mu=7.0), 1.0) == (7.0, 17.0)  # an explicit bound wins
     rounds = _rounds()
     ids = np.array([0, 1])
-    honest = frame_gaussians(ids, np.full((2, 2), 0.7), np.full((2, 2), 1.6))  # the largest measured honest values
-    hostile = frame_gaussians(ids, np.full((2, 2), 1000.0), np.full((2, 2), 1000.0))  # the old default bounds
+    honest = frame_gaussians(ids, np.full((2, 2), 6.4), np.full((2, 2), 1.6))  # the largest measured honest values
+    hostile = frame_gaussians(ids, np.full((2, 2), 1000.0), np.full((2, 2), 1000.0))
     out = rounds.train(1, [NodeReply(1, honest), NodeReply(2, hostile)], [], 0.0)
-    assert out["accepted"] == 1 and "exceeds the bound 4" in rounds.rejections[-1][1]
+    assert out["accepted"] == 1 and "exceeds the bound 16" in rounds.rejections[-1][1]
+
+
+@pytest.mark.parametrize("schedule", ["paper", "family"])
+def test_honest_domains_pass_the_value_bounds_at_every_documented_setting(schedule):
+    """A domain's model clamps its outputs to the run's value bounds, so the server never refuses an honest upload,
+    however long or hard it trains. Synthetic pair shaped like the Amazon ones, trained the paper's way
+    (batch 256, 5 local epochs) and the family schedule's way, then at a margin of 0.01 (bounds 1.6 / 2.6) with a
+    large rate, where the model's unclamped outputs go past the bounds (they would have been refused): every upload
+    is accepted, and a hostile one just past the bound is still refused."""
+    from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
+
+    # shaped like the Amazon pairs: two domains, more items than users, sparse users, few shared
+    ds = make_synthetic_multidomain(seed=3, num_domains=2, num_users=400, items_per_domain=600, mean_degree=6.0,
+                                    overlap=0.3)
+    cfg = load_config("fppdm", "synthetic-md3", [])
+    f = cfg.fppdm
+    training = {"paper": dataclasses.replace(f.training, batch_size=256, local_epochs=5),
+                "family": f.training}[schedule]
+    hard = dataclasses.replace(training, margin=0.01, lr=0.5)
+    for tr in (training, hard):
+        bound = value_bounds(f.server, tr.margin)
+        rounds = FPPDMRounds(ds.num_users, dataclasses.replace(f.model, dim=8), f.server, SecureAggregationConfig(),
+                             FederationConfig(rounds=1, eval_every=1, min_clients=1), margin=tr.margin)
+        replies, peak = [], 0.0
+        for k, domain in enumerate(ds.domains):
+            trainer = DomainTrainer(DomainData(domain), k, dataclasses.replace(f.model, dim=8), tr, f.coclustering,
+                                    0, value_bound=bound)
+            trainer.train(1, np.zeros(0, np.int64), np.zeros((0, 8), np.float32), np.zeros((0, 8), np.float32))
+            mu, sigma = trainer.user_distributions()
+            with torch.no_grad():  # what the model's propagation reaches before its clamp
+                peak = max(peak, float(trainer.model._propagate(trainer.model.mu).abs().max()))
+            replies.append(NodeReply(k + 1, frame_gaussians(trainer.data.global_ids, mu, sigma)))
+        out = rounds.train(1, replies, [], 0.0)
+        assert out["accepted"] == 2, rounds.rejections
+        if tr is hard:
+            assert peak > bound[0]  # unclamped, this domain's upload would have been refused
+    past = frame_gaussians(np.array([0]), np.full((1, 8), bound[0] * 1.001, np.float32), np.ones((1, 8), np.float32))
+    rounds.train(2, [NodeReply(1, past)], [], 0.0)
+    assert "exceeds the bound" in rounds.rejections[-1][1]
 
 
 def test_uploads_without_users_do_not_count_toward_min_clients():

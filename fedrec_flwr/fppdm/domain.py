@@ -22,6 +22,7 @@ from fedrec_flwr.metrics import (
     rank_of_positive,
     sample_negatives,
 )
+from fedrec_flwr.fppdm.bounds import derived_value_bounds
 from fedrec_flwr.models.gaussian_gcn import (
     GaussianLightGCN,
     normalised_adjacency,
@@ -93,13 +94,18 @@ class DomainTrainer:
     fused_adam = True  # with row propagation; false: torch's default Adam kernels, as the reference path uses
 
     def __init__(self, data: DomainData, domain_index: int, model: FPPDMModelConfig, training: FPPDMTrainingConfig,
-                 coclustering: CoClusteringConfig, seed: int, device: torch.device | None = None):
+                 coclustering: CoClusteringConfig, seed: int, device: torch.device | None = None,
+                 value_bound: tuple[float, float] | None = None):
         self.data, self.domain_index, self.seed = data, domain_index, seed
         self.model_cfg, self.training, self.coclustering = model, training, coclustering
         self.device = device or torch.device("cpu")
         torch.manual_seed(seed * 1000 + domain_index)
         adj = normalised_adjacency(data.num_users, data.num_items, data.users, data.items)
-        self.model = GaussianLightGCN(data.num_users, data.num_items, model.dim, model.layers, adj, model.gaussian).to(self.device)
+        # the run's value bounds (`fppdm.rounds.value_bounds`; derived from the margin unless given): every
+        # distribution the model outputs, so every upload, lies inside what the server accepts
+        bound = value_bound or derived_value_bounds(training.margin)
+        self.model = GaussianLightGCN(data.num_users, data.num_items, model.dim, model.layers, adj, model.gaussian,
+                                      bound).to(self.device)
         if model.shared_user_init:
             self._init_users_by_global_id()
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from fedrec_flwr.config import FederationConfig, FPPDMModelConfig, FPPDMServerConfig, SecureAggregationConfig
 from fedrec_flwr.fppdm.barycenter import UserGaussians, user_barycenters
+from fedrec_flwr.fppdm.bounds import MAX_ABS_MU, MAX_SIGMA, value_bounds
 from fedrec_flwr.fppdm.protocol import frame_ciphertexts, frame_gaussians, split_encrypted_upload, split_gaussians
 from fedrec_flwr.fppdm.secure_barycenter import per_user_ciphertexts, sum_encrypted
 from fedrec_flwr.messages import NodeReply, UploadRejected, array_bytes
@@ -43,27 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fedrec_flwr.fppdm")
 
-SCALE_MULTIPLE = 4.0  # how many sqrt(margin) an honest coordinate may reach (measured: under 0.7 of one)
-MAX_ABS_MU = SCALE_MULTIPLE  # the derived bounds at the default margin of 1
-MAX_SIGMA = 1.0 + SCALE_MULTIPLE
-
 __all__ = ["MAX_ABS_MU", "MAX_SIGMA", "EncryptedUpload", "FPPDMRounds", "NodeReply", "UserGaussians",
            "validate_distributions", "validate_encrypted", "value_bounds"]
-
-
-def value_bounds(server: FPPDMServerConfig, margin: float) -> tuple[float, float]:
-    """(largest |mu|, largest sigma) an honest domain uploads, or a barycenter of honest uploads can be: the
-    configured `fppdm.server.max_abs_mu` / `max_sigma`, or where 0, derived from the model's own scale.
-
-    The derivation: users and items start at mu ~ N(0, 0.1^2) and sigma = ELU(raw) + 1 ~ 1, and the only
-    force that spreads them is the hinge `margin + W2^2(u, pos) - W2^2(u, neg)`, which stops pulling once a
-    negative is `margin` further (in squared W2) than a positive; the pull towards the barycenter only
-    contracts. So no coordinate needs to move more than a few sqrt(margin) from its start: mu within
-    SCALE_MULTIPLE sqrt(margin), sigma within 1 + SCALE_MULTIPLE sqrt(margin). Measured honest maxima: |mu|
-    0.26 and sigma 1.24 on synthetic-md3 (5 rounds), |mu| 0.68 and sigma 1.60 on Douban Book + Music (its
-    12-round preset), a sixth of the bound or less."""
-    reach = SCALE_MULTIPLE * math.sqrt(margin)
-    return (server.max_abs_mu or reach, server.max_sigma or 1.0 + reach)
 
 
 class EncryptedUpload(NamedTuple):

@@ -1,7 +1,9 @@
 """FPPDM's domain model: LightGCN propagation producing a diagonal Gaussian per user and item.
 
     E^{(l+1)} = D^{-1/2} A D^{-1/2} E^{(l)},   E = mean_l E^{(l)}       (LightGCN, no weights)
-    mu = E_mu,   sigma = ELU(E_sigma) + 1 > 0                             (std of each dimension)
+    mu = clamp(E_mu, -R, R),   sigma = min(ELU(E_sigma) + 1, S) > 0       (std of each dimension)
+(R and S, the value bounds, hold every upload and barycenter inside what the server accepts by construction;
+honest values stay far inside them, where the clamp is the identity)
 
 and the 2-Wasserstein distance between diagonal Gaussians,
 
@@ -16,6 +18,7 @@ step still costs about 1.7 whole-graph products forward and as many backward, pe
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -131,9 +134,11 @@ def _map(fn, arrays: list[np.ndarray]) -> list[np.ndarray]:
 class GaussianLightGCN(nn.Module):
     """Per-domain model: mean and std embeddings for every user and item, smoothed over the graph."""
 
-    def __init__(self, num_users: int, num_items: int, dim: int, layers: int, adjacency: torch.Tensor, gaussian: bool = True):
+    def __init__(self, num_users: int, num_items: int, dim: int, layers: int, adjacency: torch.Tensor, gaussian: bool = True,
+                 value_bound: tuple[float, float] = (math.inf, math.inf)):
         super().__init__()
         self.num_users, self.num_items, self.layers, self.gaussian = num_users, num_items, layers, gaussian
+        self.mu_bound, self.sigma_bound = value_bound  # R, S: |mu| <= R and sigma <= S for every output row
         self.mu = nn.Parameter(torch.randn(num_users + num_items, dim) * 0.1)
         self.sigma_raw = nn.Parameter(torch.randn(num_users + num_items, dim) * 0.1)
         self.register_buffer("adj", adjacency)
@@ -153,10 +158,17 @@ class GaussianLightGCN(nn.Module):
 
     def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(mu, sigma) [num_users + num_items, dim] after propagation; sigma > 0 (0 for point embeddings)."""
-        mu = self._propagate(self.mu)
+        mu = self._bounded_mu(self._propagate(self.mu))
         if not self.gaussian:
             return mu, torch.zeros_like(mu)
-        return mu, nn.functional.elu(self._propagate(self.sigma_raw)) + 1.0
+        return mu, self._bounded_sigma(self._propagate(self.sigma_raw))
+
+    def _bounded_mu(self, propagated: torch.Tensor) -> torch.Tensor:
+        return propagated if math.isinf(self.mu_bound) else propagated.clamp(-self.mu_bound, self.mu_bound)
+
+    def _bounded_sigma(self, propagated: torch.Tensor) -> torch.Tensor:
+        sigma = nn.functional.elu(propagated) + 1.0
+        return sigma if math.isinf(self.sigma_bound) else sigma.clamp(max=self.sigma_bound)
 
     def rows_supported(self) -> bool:
         """True when `forward_rows` can run here (CPU tensors; elsewhere use `forward()` and index)."""
@@ -175,6 +187,6 @@ class GaussianLightGCN(nn.Module):
         propagation rows they depend on (one training step needs a few hundred of the graph's nodes)."""
         if not self.gaussian:
             (mu,) = _RowPropagation.apply(plan, self.mu)
-            return mu, torch.zeros_like(mu)
+            return self._bounded_mu(mu), torch.zeros_like(mu)
         mu, sigma = _RowPropagation.apply(plan, self.mu, self.sigma_raw)
-        return mu, nn.functional.elu(sigma) + 1.0
+        return self._bounded_mu(mu), self._bounded_sigma(sigma)
