@@ -75,10 +75,10 @@ def longest_step(agg: np.ndarray, unit: np.ndarray, low: float, high: float, cap
     inside = roots(high)
     if inside is None or inside[1] < 0:
         return 0.0
-    beta = min(cap, inside[1])
+    beta = min(cap, inside[1] * (1 - 1e-4))  # just inside: the server checks the float32 sum
     hole = roots(low)  # (beta3, beta4): too short a sum
     if hole is not None and hole[0] < beta < hole[1]:
-        beta = hole[0]
+        beta = hole[0] * (1 - 1e-4)
     return beta if beta >= max(inside[0], 0.0) else 0.0
 
 
@@ -188,9 +188,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)  # one core: the machine's other runs keep theirs
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"cells": []}
-    doc.update({"preset": args.preset, "dataset": args.dataset, "rounds": args.rounds,
-                "command": "python -m benchmarks.user_dp_reach --data-dir DATA --dataset "
-                           f"{args.dataset} --rounds {args.rounds} --seeds {' '.join(map(str, args.seeds))}"})
+    doc.update({"preset": args.preset, "dataset": args.dataset, "rounds": args.rounds})
     secrets = args.secrets
     if not secrets.exists():
         secrets.write_text(DeviceSecret.fresh().hex_for_node_state() + "\n")
@@ -213,6 +211,9 @@ def main() -> None:
             doc["cells"].append(cell)
             print(json.dumps(cell), flush=True)
             atomic_write(args.out, json.dumps(doc, indent=1))
+    seeds = sorted({c["seed"] for c in doc["cells"]})
+    doc["command"] = (f"python -m benchmarks.user_dp_reach --data-dir DATA --dataset {args.dataset} --rounds {args.rounds} "
+                      f"--seeds {' '.join(map(str, seeds))}")
     clean = {c["seed"]: c["rmse"] for c in doc["cells"] if c["direction"] == "none"}
     for c in doc["cells"]:
         if c["direction"] != "none" and c["seed"] in clean and c["rmse"] is not None:

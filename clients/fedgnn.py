@@ -44,9 +44,13 @@ class FedGNNClient(NumPyClient):
     """The users hosted on one node; `load_user(u)` gives a user's data, `store` their saved states."""
 
     def __init__(self, cfg: AppConfig, meta: PartitionMeta, user_ids: list[int], load_user: Callable[[int], UserData],
-                 store: UserStore, device: torch.device | None = None, *, secret: DeviceSecret, terms: DeviceTerms | None = None):
+                 store: UserStore, device: torch.device | None = None, *, secret: DeviceSecret, terms: DeviceTerms | None = None,
+                 neighbour_service: str | None = None):
         """`secret`: the device's own (`client_app.device_secret`), never the run config's; `terms`: what the device
-        computed for itself about a user-DP run (q and its noise share; required in that mode)."""
+        computed for itself about a user-DP run (q and its noise share; required in that mode); `neighbour_service`:
+        the only neighbour-service address a deployed device contacts (its node config; "" none), or None in a
+        simulation, where the experimenter runs server and service alike."""
+        self.neighbour_service = neighbour_service
         self.cfg, self.meta, self.user_ids, self.load_user, self.store = cfg, meta, list(user_ids), load_user, store
         self._hosted = set(self.user_ids)
         self.device_cfg = DeviceSections.from_config(cfg, secret)  # the sections each hosted user reads
@@ -67,6 +71,7 @@ class FedGNNClient(NumPyClient):
     def fit(self, parameters, config):
         """Register, expand the graph, or train the requested users (by the round config's phase)."""
         rc = RoundConfig.from_flower(config)
+        self._check_link(rc)
         self.store.begin_round(rc)
         if rc.phase == PHASE_POPULARITY:
             reports = [self._user(u).report_popularity() for u in self.user_ids]
@@ -93,6 +98,20 @@ class FedGNNClient(NumPyClient):
         p = self.cfg.privacy
         eps = epsilon_per_coordinate(p.clip_delta, p.noise_lambda) if p.ldp else float("inf")
         return upload, len(users), {"phase": PHASE_TRAIN, "epsilon_per_coordinate": eps}
+
+    def _check_link(self, rc: RoundConfig) -> None:
+        """ValueError unless the round's neighbour-service link may be used: none under user-level DP (the service
+        would get embeddings and item tokens outside SecAgg+), and on a deployed device only the service its own
+        node config names. A server that pointed devices at an address of its own would otherwise receive their
+        item tokens, under the HMAC key it also sends, and read the items."""
+        if rc.expansion is None and not rc.refresh_neighbours:
+            return
+        if self.cfg.privacy.mode == "user_dp":
+            raise ValueError("a user-DP device does no graph expansion; the round's config carries a neighbour-service link")
+        if self.neighbour_service is not None and (rc.expansion is None or rc.expansion.address != self.neighbour_service):
+            raise ValueError(f"the server points this device at neighbour service "
+                             f"{rc.expansion.address if rc.expansion else '(none)'!r}; it uses only the one its node config "
+                             f"names (neighbour-service = {self.neighbour_service!r})")
 
     def _fit_user_dp(self, parameters, rc: RoundConfig):
         """User-level DP: every hosted user is asked; those that sample themselves contribute their clipped update,

@@ -13,7 +13,8 @@ At each SecAgg+ stage, before Flower's mod touches keys, shares or the update:
 - unmask: the active and dead lists are consistent with what the device saw (`check_secure_round`); only then
   does Flower's mod release its shares, and the device settles the round's charge at the noise the sum carries
   (sigma sqrt(k / K) for k active nodes).
-Plain training messages (but registration) and plain evaluation requests are refused. A refusal raises
+Plain training messages (but registration), plain evaluation requests and any message carrying a neighbour-service
+link are refused. A refusal raises
 `PolicyRefusal`: the device drops out of the round, its update never released. The ledger lives in the node's state
 (Context.state), or, where the node has a `state-dir`, only in a file beside its secret.
 """
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 
 STATE_KEY = "fedrec.device"  # the node's own record: its ledger, a pending charge (and, in a simulation, its secret)
 FIT_CONFIG = "fitins.config"  # where Flower's compat layer puts a fit message's config (the round's phase)
+NEIGHBOUR_KEY_PREFIX = "nb_"  # the round config's neighbour-service link (`fedgnn.protocol.RoundConfig`)
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,12 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms], clock: Callable[[]
             raise PolicyRefusal("a user-DP device sends no plain evaluation; its error sums go through SecAgg+ only")
         if msg.metadata.message_type != MessageType.TRAIN:
             return call_next(msg, context)
+        fit = msg.content.config_records.get(FIT_CONFIG)
+        if fit is not None and any(str(k).startswith(NEIGHBOUR_KEY_PREFIX) for k in fit):
+            # a neighbour-service link would send the users' embeddings and item tokens outside SecAgg+, to an
+            # address the server chose: a user-DP device does no graph expansion
+            raise PolicyRefusal("a user-DP device does no graph expansion; refused a message carrying a "
+                                "neighbour-service link")
         if RECORD_KEY_CONFIGS not in msg.content.config_records:
             if _phase(msg) != PHASE_REGISTER:  # a plain upload would carry one node's vector with 1/sqrt(K) noise
                 raise PolicyRefusal(f"a user-DP device sends nothing outside SecAgg+ but its registration; "

@@ -3,9 +3,11 @@ device's disk when runs must survive a restart. Never sent to the recommendation
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import re
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -78,10 +80,12 @@ class NodeStateStore:
     a resumed run, the round it resumes from.
     """
 
-    def __init__(self, state: RecordDict, files: UserStateFiles | None = None, draws_file: Path | None = None):
+    def __init__(self, state: RecordDict, files: UserStateFiles | None = None, draws_file: Path | None = None,
+                 sets_file: Path | None = None):
         """`draws_file`: where a device with its own disk (`state-dir`) keeps the rounds its users drew for, so
-        that even across runs and restarts a round the server repeats never repeats a draw."""
-        self.state, self.files, self.draws_file = state, files, draws_file
+        that even across runs and restarts a round the server repeats never repeats a draw; `sets_file`: where it
+        keeps the anonymity set each user committed to (`fedgnn.user.FedGNNUser.register`)."""
+        self.state, self.files, self.draws_file, self.sets_file = state, files, draws_file, sets_file
         self.checkpoint_round, self.resume_from = 0, -1
 
     @staticmethod
@@ -109,22 +113,62 @@ class NodeStateStore:
             self.files.save(user, st, server_round, self.checkpoint_round)
 
     def draw_attempt(self, user: int, server_round: int) -> int:
-        """The times `user` drew for `server_round` before (`fedgnn.user.UserStore.draw_attempt`): counted in the
-        node state for the run, and in `draws_file` (before the draw is used) where the device has a disk."""
+        """The times `user` drew for `server_round` before (`fedgnn.user.UserStore.draw_attempt`). Where the device
+        has a disk, `draws_file` is the one count, read and written under an exclusive lock at every draw (before
+        the draw is used): two runs the server interleaves on one device, or two processes, never get the same
+        attempt, so never the same coins or noise. Otherwise the node state counts for the run."""
         key = f"{user}:{server_round}"
-        rec = self.state.config_records.get(_DRAWS_KEY)
-        if rec is None:
-            on_disk = json.loads(self.draws_file.read_text()) if self.draws_file and self.draws_file.is_file() else {}
-            rec = ConfigRecord({k: int(v) for k, v in on_disk.items()})
+        if self.draws_file is not None:
+            with _locked(self.draws_file.with_name(self.draws_file.name + ".lock")):
+                counts = json.loads(self.draws_file.read_text()) if self.draws_file.is_file() else {}
+                seen = int(counts.get(key, 0))
+                counts[key] = seen + 1
+                atomic_write(self.draws_file, json.dumps(counts).encode())
+            return seen
+        rec = self.state.config_records.get(_DRAWS_KEY) or ConfigRecord({})
         seen = int(rec.get(key, 0))
         rec[key] = seen + 1
         self.state.config_records[_DRAWS_KEY] = rec
-        if self.draws_file is not None:
-            atomic_write(self.draws_file, json.dumps({k: int(v) for k, v in rec.items()}).encode())
         return seen
 
 
+    def committed_set(self, user: int) -> np.ndarray | None:
+        """The anonymity set `user` committed to on this device: from `sets_file` (any run), else this run's."""
+        if self.sets_file is not None:
+            sets = json.loads(self.sets_file.read_text()) if self.sets_file.is_file() else {}
+            ids = sets.get(str(user))
+        else:
+            rec = self.state.config_records.get(_SETS_KEY)
+            ids = None if rec is None or str(user) not in rec else list(rec[str(user)])
+        return None if ids is None else np.asarray(ids, np.int64)
+
+    def commit_set(self, user: int, ids: np.ndarray) -> None:
+        """Keep `user`'s anonymity set (on the device's disk where it has one, under a lock)."""
+        ids = [int(i) for i in np.asarray(ids).ravel()]
+        if self.sets_file is not None:
+            with _locked(self.sets_file.with_name(self.sets_file.name + ".lock")):
+                sets = json.loads(self.sets_file.read_text()) if self.sets_file.is_file() else {}
+                sets[str(user)] = ids
+                atomic_write(self.sets_file, json.dumps(sets).encode())
+            return
+        rec = self.state.config_records.get(_SETS_KEY) or ConfigRecord({})
+        rec[str(user)] = ids
+        self.state.config_records[_SETS_KEY] = rec
+
+
+@contextmanager
+def _locked(lock: Path):
+    """An exclusive lock on `lock` (created if missing) for a read-modify-write."""
+    with open(lock, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 _DRAWS_KEY = "fedgnn.draws"  # user:round -> draws made for that round (NodeStateStore.draw_attempt)
+_SETS_KEY = "fedgnn.sets"  # user -> its committed anonymity set, for a node without a disk
 
 
 _DOMAIN_KEYS = ("mu", "sigma_raw")

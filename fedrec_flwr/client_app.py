@@ -211,13 +211,18 @@ def fedgnn_client(cfg: AppConfig, context: Context, device: torch.device):
     from clients.fedgnn import FedGNNClient
 
     state_dir = context.node_config.get("state-dir")
+    if _deployed(context.node_config) and not state_dir:
+        raise ValueError("a deployed FedGNN device needs a state-dir (node config): its secret, draw counts and "
+                         "committed anonymity set must outlive a run, or a server that runs it again gets fresh ones")
     store = NodeStateStore(context.state, state_files(cfg, context.node_config),
-                           Path(str(state_dir)) / "draws.json" if state_dir else None)
+                           Path(str(state_dir)) / "draws.json" if state_dir else None,
+                           Path(str(state_dir)) / "anonymity-sets.json" if state_dir else None)
     secret = device_secret(cfg, context)
     terms = device_terms(context) if cfg.privacy.mode == "user_dp" else None
     if context.node_config.get("data-path"):  # deployment: this node's own file, nothing else
         meta, data = load_user_file(str(context.node_config["data-path"]))
-        client = FedGNNClient(cfg, meta, [data.user], lambda u: data, store, device, secret=secret, terms=terms)
+        client = FedGNNClient(cfg, meta, [data.user], lambda u: data, store, device, secret=secret, terms=terms,
+                              neighbour_service=str(context.node_config.get("neighbour-service", "")))
     else:
         parts = _partitions(_key(context))
         users = users_of(context.node_config, cfg.simulation.users_per_node, parts.meta.num_users)
@@ -238,18 +243,30 @@ def optional_secaggplus_mod(msg, context: Context, call_next):
 
 def device_guard(msg, context: Context, call_next):
     """The device's own privacy policy on every FedGNN message: a deployed device takes part only in runs of the
-    privacy mode its node config allows (user-level DP unless its operator opts into the paper's LDP); in user-DP
-    runs the guard of `clients.privacy_guard` wraps SecAgg+."""
-    from fedrec_flwr.fedgnn.device_policy import DevicePolicy
+    privacy mode its node config allows (user-level DP unless its operator opts into the paper's LDP), an LDP one
+    only at the protection its policy asks (`DevicePolicy.admit_ldp`); in user-DP runs the guard of
+    `clients.privacy_guard` wraps SecAgg+."""
+    from fedrec_flwr.fedgnn.device_policy import DevicePolicy, PolicyRefusal
 
     cfg = _config(_key(context))
     if cfg.algorithm != "fedgnn":
         return call_next(msg, context)
-    if _deployed(context.node_config):
-        DevicePolicy.from_node_config(context.node_config).admit_mode(cfg.privacy.mode)
-    if cfg.privacy.mode != "user_dp":
-        return call_next(msg, context)
-    return _GUARD(msg, context, call_next)
+    try:
+        if _deployed(context.node_config):
+            policy = DevicePolicy.from_node_config(context.node_config)
+            policy.admit_mode(cfg.privacy.mode)
+            if cfg.privacy.mode != "user_dp":
+                policy.admit_ldp(cfg.privacy)
+        if cfg.privacy.mode != "user_dp":
+            return call_next(msg, context)
+        return _GUARD(msg, context, call_next)
+    except PolicyRefusal as exc:
+        if not _deployed(context.node_config):
+            raise  # a simulation's server is the experimenter: the reason helps
+        # Flower hands an exception's text to the server; a refusal's detail (the ledger's epsilon, this device's
+        # limits) stays in the device's own log
+        log.warning("refused by this device's privacy policy: %s", exc)
+        raise PolicyRefusal("refused by this device's privacy policy (the reason is in the device's log)") from None
 
 
 _GUARD = privacy_guard(device_terms)

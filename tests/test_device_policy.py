@@ -264,9 +264,10 @@ def test_the_server_charges_the_noise_a_sum_of_k_shares_carries(tiny_cfg):
     assert rounds.charged_multiplier(6) == pytest.approx(math.sqrt(6 / 5))
 
 
-def test_a_deployed_device_takes_part_only_in_runs_of_its_own_privacy_mode(tmp_path):
+def test_a_deployed_device_takes_part_only_in_runs_of_its_own_privacy_mode(tmp_path, caplog):
     """The server writes the run config: a run that switches a user-DP device to the paper's LDP (or LDP off) gets
-    nothing from it, unless its operator opted it into LDP (node config privacy-mode)."""
+    nothing from it, unless its operator opted it into LDP (node config privacy-mode). The server learns only that
+    the device refused (Flower hands it the exception's text); the reason stays in the device's log."""
     from fedrec_flwr.client_app import device_guard
 
     run_config = {"preset": "fedgnn_paper", "dataset": "synthetic", "data-dir": str(tmp_path), "seed": 0,
@@ -278,11 +279,14 @@ def test_a_deployed_device_takes_part_only_in_runs_of_its_own_privacy_mode(tmp_p
         return msg
 
     device = {"data-path": str(tmp_path / "user.npz"), "state-dir": str(tmp_path / "dev")}
-    with pytest.raises(PolicyRefusal, match="privacy-mode"):
+    with pytest.raises(PolicyRefusal) as refused:
         device_guard(_message(None, "register"), Context(1, OWN, device, RecordDict(), run_config), call_next)
     assert not seen
+    assert "privacy-mode" not in str(refused.value) and "privacy policy" in str(refused.value)
+    assert "privacy-mode" in caplog.text
     opted_in = {**device, "privacy-mode": "ldp"}
-    device_guard(_message(None, "register"), Context(1, OWN, opted_in, RecordDict(), run_config), call_next)
+    paper = {**run_config, "set": ""}  # the paper's LDP (LDP off is refused too: the next test)
+    device_guard(_message(None, "register"), Context(1, OWN, opted_in, RecordDict(), paper), call_next)
     assert len(seen) == 1
 
 
@@ -363,3 +367,43 @@ def test_a_masked_vector_leaves_at_the_policy_deadline_whether_the_device_traine
     assert reply_time(deployed, 7.0) == pytest.approx(7.0)  # overran: leaves when done (and logs it)
     simulated = DevicePolicy(reply_seconds=0.0)
     assert reply_time(simulated, 0.02) == pytest.approx(0.02)
+
+
+def test_a_user_dp_device_refuses_any_message_carrying_a_neighbour_service_link():
+    """Graph expansion would send embeddings and item tokens outside SecAgg+, to an address the server picks: the
+    guard refuses a secure or plain message whose config carries a neighbour-service key, before the client runs."""
+    device = Device(_terms(DevicePolicy(), 0.5, 1.0, 4))
+    for stage in (None, Stage.SETUP):
+        msg = _message(stage, "train", **({} if stage is None else {Key.SHARE_NUMBER: 5}))
+        msg.content.config_records[FIT_CONFIG]["nb_address"] = "server.example:1"
+        with pytest.raises(PolicyRefusal, match="neighbour-service link"):
+            device.mod(msg, device.context, device.call_next)
+    assert device.reached == []
+
+
+@pytest.mark.parametrize("weaker, why", [
+    ("privacy.ldp=false", "turns LDP off"),
+    ("privacy.noise_lambda=0.1", "epsilon 2 per coordinate"),
+    ("privacy.pseudo_items=10", "10 pseudo items"),
+    ("privacy.pseudo_sampler=popularity privacy.popularity_epsilon=8", "popularity reports at epsilon 8"),
+    ("privacy.pseudo_sampler=popularity privacy.pseudo_ratio=1", "1 pseudo items per own item"),
+])
+def test_an_ldp_device_uploads_only_at_the_protection_its_policy_asks(tmp_path, caplog, weaker, why):
+    """A device its operator opted into the paper's LDP still holds limits of its own: a run config that turns LDP
+    off, raises the per-coordinate epsilon, or thins the pseudo items gets nothing from it (the reason in its log);
+    the paper's own settings pass."""
+    from fedrec_flwr.client_app import device_guard
+
+    def run_config(extra: str) -> dict:
+        return {"preset": "fedgnn_paper", "dataset": "synthetic", "data-dir": str(tmp_path), "seed": 0,
+                "cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "out"), "set": extra}
+
+    seen = []
+    device = {"data-path": str(tmp_path / "user.npz"), "state-dir": str(tmp_path / "dev"), "privacy-mode": "ldp"}
+    with pytest.raises(PolicyRefusal, match="privacy policy"):
+        device_guard(_message(None, "register"), Context(1, OWN, device, RecordDict(), run_config(weaker)),
+                     lambda m, c: seen.append(m))
+    assert not seen and why in caplog.text
+    device_guard(_message(None, "register"), Context(1, OWN, device, RecordDict(), run_config("")),
+                 lambda m, c: seen.append(m))
+    assert len(seen) == 1

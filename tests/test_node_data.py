@@ -46,8 +46,11 @@ def test_a_deployed_node_hosts_exactly_the_user_of_its_file(tiny_cfg, tmp_path):
     run_config = {"preset": "fedgnn_paper", "dataset": "synthetic", "cache-dir": cfg.data.cache_dir,
                   "set": "data.synthetic.num_users=60 data.synthetic.num_items=80 data.synthetic.mean_degree=12 "
                          "model.dim=16 privacy.pseudo_items=30"}
-    ctx = Context(run_id=1, node_id=99, node_config={"data-path": str(tmp_path / "nodes" / "user-11.npz")},
-                  state=RecordDict(), run_config=run_config)
+    node_config = {"data-path": str(tmp_path / "nodes" / "user-11.npz")}
+    with pytest.raises(ValueError, match="needs a state-dir"):  # its secret and committed set must outlive a run
+        client_fn(Context(run_id=1, node_id=99, node_config=node_config, state=RecordDict(), run_config=run_config))
+    node_config["state-dir"] = str(tmp_path / "device")
+    ctx = Context(run_id=1, node_id=99, node_config=node_config, state=RecordDict(), run_config=run_config)
     client = client_fn(ctx)
     reply = client.numpy_client.fit([], {"phase": "register", "round": 1})
     assert reply[0][0].tolist() == [11] and reply[1] == 1

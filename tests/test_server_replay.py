@@ -14,6 +14,7 @@ import pytest
 from flwr.app import RecordDict
 from flwr.common import Context
 
+from clients.user_store import NodeStateStore
 from fedrec_flwr.client_app import device_secret
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.local_step import train_users
@@ -153,3 +154,80 @@ def test_a_round_the_server_sends_again_gets_fresh_draws(tiny_cfg):
     d = np.concatenate([(a - b).ravel() for a, b in zip(first, again)])
     assert np.std(d) == pytest.approx(0.3 * np.sqrt(2), rel=0.05)
     assert store.draws[(4, 7)] == 2
+
+
+def test_two_runs_the_server_interleaves_on_one_device_never_share_a_draw(tiny_cfg, tmp_path):
+    """A deployed device keeps one secret and one draw count (`draws.json` in its state dir) across runs. A server that
+    runs A and B on it, alternating their rounds, asks both for round 2: were the attempt counted per run, both would
+    get the same coin and noise share, and A's sum minus B's would be noise-free. The count is the file's, under a
+    lock, at every draw: B's round 2 is attempt 1, and the difference carries two independent shares."""
+    cfg = tiny_cfg("privacy.mode=user_dp", "privacy.noise_multiplier=1", "model.dropout=0")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    secret = DeviceSecret.load_or_create(tmp_path / "state" / "device-secret")
+    draws = tmp_path / "state" / "draws.json"
+    run_a, run_b = NodeStateStore(RecordDict(), None, draws), NodeStateStore(RecordDict(), None, draws)
+    device_cfg = DeviceSections.from_config(cfg, secret)
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
+
+    def reply(store, server_round):
+        user = FedGNNUser(device_cfg, meta, parts.user(4), store, model=model)
+        return user.round_key(server_round), node_update([user], server.model_weights(), server.table(),
+                                                         server_round, None, 8, 1.0, 0.3)
+
+    for r in (1, 2):
+        (key_a, vec_a), (key_b, vec_b) = reply(run_a, r), reply(run_b, r)
+        assert key_a == (r, 0) and key_b == (r, 1)
+    d = np.concatenate([(a - b).ravel() for a, b in zip(vec_a, vec_b)])
+    assert np.std(d) == pytest.approx(0.3 * np.sqrt(2), rel=0.05)  # the same model: only the two noise shares differ
+
+
+@pytest.mark.parametrize("mode", ["ldp", "user_dp"])
+def test_the_server_cannot_point_a_device_at_a_neighbour_service_of_its_own(tiny_cfg, mode):
+    """The round config carries the neighbour-service link (address, token key, run secret). A server that swaps in
+    its own address would receive the users' embeddings and item tokens, hashed under the key it also sent: their
+    items. A deployed LDP device contacts only the service its node config names; a user-DP device does no graph
+    expansion at all (and its guard refuses any message that carries a link, tests/test_device_policy.py)."""
+    from clients.fedgnn import FedGNNClient
+    from fedrec_flwr.fedgnn.protocol import PHASE_EXPAND_SUBMIT, PHASE_TRAIN, ExpansionLink, RoundConfig
+    from tests.conftest import TEST_SECRET
+
+    cfg = tiny_cfg(f"privacy.mode={mode}")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    client = FedGNNClient(cfg, parts.meta, [0], parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET,
+                          neighbour_service="service.example:8765")
+    evil = ExpansionLink(b"k" * 32, "server.example:1", "run", "secret")
+    for rc in (RoundConfig(PHASE_EXPAND_SUBMIT, 2, expansion=evil),
+               RoundConfig(PHASE_TRAIN, 3, expansion=evil, refresh_neighbours=True)):
+        why = "does no graph expansion" if mode == "user_dp" else "only the one its node config names"
+        with pytest.raises(ValueError, match=why):
+            client.fit([], rc.to_flower())
+    if mode == "ldp":  # the service the device's own config names is used
+        own = ExpansionLink(b"k" * 32, "service.example:8765", "run", "secret")
+        client._check_link(RoundConfig(PHASE_EXPAND_SUBMIT, 2, expansion=own))
+
+
+def test_registering_a_device_again_gives_the_server_the_same_anonymity_set(tiny_cfg):
+    """LDP mode: real items are in every anonymity set a user registers, pseudo items vary with the draw. A server that
+    registers one device in several runs (publishing another popularity, or another pseudo-item count, each time)
+    and intersects the sets would keep mostly real items. The device commits to its first set: later runs get it
+    again; a user with a new rating outside it gets it joined with a fresh draw, which still contains it."""
+    cfg = tiny_cfg("privacy.pseudo_items=30")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    store = MemoryStore()  # the device's store across runs (its disk in a deployment)
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
+
+    def register(run_cfg, data) -> np.ndarray:
+        store.states.clear()  # a new run: no user state, the same device
+        return FedGNNUser(DeviceSections.from_config(run_cfg), meta, data, store, model=model).register().astype(np.int64)
+
+    first = register(cfg, parts.user(4))
+    assert register(tiny_cfg("privacy.pseudo_items=10"), parts.user(4)).tolist() == first.tolist()
+    assert register(tiny_cfg("privacy.pseudo_items=60", "seed=5"), parts.user(4)).tolist() == first.tolist()
+    data = parts.user(4)
+    new_item = int(np.setdiff1d(np.arange(meta.num_items), first)[0])
+    data.test_items = np.append(data.test_items, new_item)  # a rating the committed set does not hold
+    grown = register(cfg, data)
+    assert set(first) < set(grown) and new_item in grown

@@ -51,12 +51,18 @@ class DevicePolicy:
     # a secure-sum reply leaves no sooner than this after its request: how long a device computed (did its user
     # sample itself? how many ratings?) must not show in when it answers; 0 in a simulation, which has no such channel
     reply_seconds: float = 5.0
+    # the paper's LDP mode (a device opted into privacy-mode ldp): the least protection it uploads under
+    max_ldp_epsilon: float = 1.0  # per coordinate of one upload, 2 clip_delta / noise_lambda (the paper's 1)
+    max_popularity_epsilon: float = 4.0  # each bit of the popularity report (popularity-matched sampler)
+    min_pseudo_items: int = 1000  # uniform sampler: M
+    min_pseudo_ratio: int = 2  # popularity-matched sampler: pseudo items per own item
 
     @classmethod
     def from_node_config(cls, node_config) -> "DevicePolicy":
         """A deployed device's policy: node-config keys `privacy-max-epsilon`, `privacy-delta`,
         `privacy-min-noise-multiplier`, `privacy-max-clip-norm`, `privacy-min-nodes`, `privacy-min-node-fraction`,
-        `privacy-reply-seconds` and `privacy-mode` (`user_dp` unless the operator opts the device into the paper's `ldp`, which promises no
+        `privacy-reply-seconds`, `privacy-mode`, and for LDP devices `privacy-max-ldp-epsilon`,
+        `privacy-max-popularity-epsilon`, `privacy-min-pseudo-items` and `privacy-min-pseudo-ratio` (`user_dp` unless the operator opts the device into the paper's `ldp`, which promises no
         per-user guarantee) (each optional; `SAFE_DEFAULTS` otherwise). A value out of range raises
         DevicePolicyError naming it."""
         values = {}
@@ -70,7 +76,7 @@ class DevicePolicy:
             key = "privacy-" + f.name.replace("_", "-")
             if key in node_config:
                 try:
-                    values[f.name] = int(node_config[key]) if f.name == "min_nodes" else float(node_config[key])
+                    values[f.name] = int(node_config[key]) if f.type in (int, "int") else float(node_config[key])
                 except (TypeError, ValueError):
                     raise DevicePolicyError(f"node config {key} = {node_config[key]!r} is not a number") from None
         return cls(**{**asdict(SAFE_DEFAULTS), **values}).checked()
@@ -92,7 +98,9 @@ class DevicePolicy:
                   ("min-noise-multiplier", self.min_noise_multiplier > 0), ("max-clip-norm", self.max_clip_norm > 0),
                   ("min-nodes", self.min_nodes >= 3), ("min-node-fraction", 0 < self.min_node_fraction <= 1),
                   ("mode", self.mode in ("user_dp", "ldp")),
-                  ("reply-seconds", 0 <= self.reply_seconds <= 3600)]
+                  ("reply-seconds", 0 <= self.reply_seconds <= 3600),
+                  ("max-ldp-epsilon", self.max_ldp_epsilon > 0), ("max-popularity-epsilon", self.max_popularity_epsilon > 0),
+                  ("min-pseudo-items", self.min_pseudo_items >= 0), ("min-pseudo-ratio", self.min_pseudo_ratio >= 1)]
         for name, ok in checks:
             if not ok:
                 raise DevicePolicyError(f"device policy privacy-{name} = {getattr(self, name.replace('-', '_'))!r} is out "
@@ -110,6 +118,30 @@ class DevicePolicy:
         if mode != self.mode:
             raise PolicyRefusal(f"the run asks for privacy.mode = {mode!r}; this device takes part only in "
                                 f"{self.mode!r} runs (node config privacy-mode)")
+
+    def admit_ldp(self, privacy) -> None:
+        """PolicyRefusal unless an LDP run (the paper's mode) protects this device's uploads at least as its policy
+        asks: LDP on, at most `max_ldp_epsilon` per coordinate, at least its pseudo items, and a popularity report
+        of at most `max_popularity_epsilon` a bit. The server writes the run config; without this, a run with LDP
+        off or no pseudo items would get a device's gradients and rated items in the clear."""
+        from fedrec_flwr.fedgnn.accounting import epsilon_per_coordinate
+
+        if not privacy.ldp or privacy.noise_lambda <= 0:
+            raise PolicyRefusal("the run turns LDP off; this device uploads only under LDP")
+        eps = epsilon_per_coordinate(privacy.clip_delta, privacy.noise_lambda)
+        if eps > self.max_ldp_epsilon * (1 + 1e-9):
+            raise PolicyRefusal(f"the run asks for LDP epsilon {eps:.4g} per coordinate, above this device's "
+                                f"{self.max_ldp_epsilon:.4g}")
+        if privacy.pseudo_sampler == "popularity":
+            if privacy.pseudo_ratio < self.min_pseudo_ratio:
+                raise PolicyRefusal(f"the run asks for {privacy.pseudo_ratio} pseudo items per own item, below this "
+                                    f"device's {self.min_pseudo_ratio}")
+            if privacy.popularity_epsilon > self.max_popularity_epsilon * (1 + 1e-9):
+                raise PolicyRefusal(f"the run asks for popularity reports at epsilon {privacy.popularity_epsilon:.4g}, "
+                                    f"above this device's {self.max_popularity_epsilon:.4g}")
+        elif privacy.pseudo_items < self.min_pseudo_items:
+            raise PolicyRefusal(f"the run asks for {privacy.pseudo_items} pseudo items, below this device's "
+                                f"{self.min_pseudo_items}")
 
     def admit_run(self, noise_multiplier: float, clip_norm: float) -> None:
         """PolicyRefusal unless the run's sigma and C are within this device's limits."""

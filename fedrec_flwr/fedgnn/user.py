@@ -74,6 +74,12 @@ class UserStore(Protocol):
         """How many times `user` has drawn for `server_round` before (0 the first time), counting this one: a server
         that sends the same round again gets fresh draws, never the same noise on another model."""
 
+    def committed_set(self, user: int) -> np.ndarray | None:
+        """The anonymity set `user` registered with first on this device (any run), or None."""
+
+    def commit_set(self, user: int, ids: np.ndarray) -> None:
+        """Keep `ids` as `user`'s committed anonymity set (`FedGNNUser.register`)."""
+
 
 class MemoryStore:
     """A UserStore over a dict: for tests and for driving users without Flower."""
@@ -81,6 +87,15 @@ class MemoryStore:
     def __init__(self):
         self.states: dict[int, UserState] = {}
         self.draws: dict[tuple[int, int], int] = {}
+        self.sets: dict[int, np.ndarray] = {}
+
+    def committed_set(self, user: int) -> np.ndarray | None:
+        """The set `commit_set` kept for `user`, or None."""
+        return self.sets.get(user)
+
+    def commit_set(self, user: int, ids: np.ndarray) -> None:
+        """Keep `user`'s anonymity set for its later registrations."""
+        self.sets[user] = np.asarray(ids, np.int64).copy()
 
     def begin_round(self, round_config: RoundConfig) -> None:
         """Nothing to note: a memory store lives exactly as long as its run."""
@@ -298,10 +313,21 @@ class FedGNNUser:
         """The anonymity set this user will upload rows for (item ids only; int32 halves the message).
 
         A user registering for the first time draws its set now, from the `popularity` the server
-        published when the sampler needs it; a stored user (a resumed run) keeps the set it had.
+        published when the sampler needs it; a stored user (a resumed run) keeps the set it had. The device
+        commits to the first set it ever registered (`UserStore.commit_set`, on its disk in a deployment): a
+        later run gets that set again, or (new ratings outside it) that set joined with a fresh draw, so a
+        server that registers the device again under another published popularity or pseudo-item setting
+        and intersects the sets learns nothing more than the first set told it.
         """
         if self._state is None:
-            self._state = init_user_state(self.cfg, self.meta, self.data, popularity)
+            st = init_user_state(self.cfg, self.meta, self.data, popularity)
+            committed = self.store.committed_set(self.user) if st.anonymity_ids.size else None
+            if committed is not None:
+                keep = np.isin(own_items(self.data), committed).all()
+                st.anonymity_ids = committed if keep else np.union1d(committed, st.anonymity_ids).astype(np.int64)
+            if st.anonymity_ids.size:
+                self.store.commit_set(self.user, st.anonymity_ids)
+            self._state = st
         self.store.save(self.user, self.state)
         return self.state.anonymity_ids.astype(np.int32)
 
