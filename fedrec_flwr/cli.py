@@ -33,7 +33,12 @@ DEFAULT_DATA_DIR = "data"  # relative to the folder the command runs in (docs/da
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its usage errors on one line (naming the command and the flag) and exit status 2."""
+    """argparse, with its usage errors on one line (naming the command and the flag) and exit status 2, and no
+    abbreviated flags: a flag is its whole name, so a renamed one fails instead of matching another's prefix."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"error: {self.prog}: {message} (see `{self.prog} --help`)\n")

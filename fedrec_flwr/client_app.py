@@ -54,10 +54,14 @@ def user_of(node_config) -> int:
 
 def users_of(node_config, users_per_node: int, num_users: int) -> list[int]:
     """The users a node hosts: its one `user-id` in deployment; in simulation, partition p hosts
-    users p*U .. p*U + U - 1 (U = simulation.users_per_node)."""
+    users p*U .. p*U + U - 1 (U = simulation.users_per_node, or with 0 ceil(users / the federation's
+    `num-partitions`): `federation_size.hosted_per_node`)."""
+    from fedrec_flwr.federation_size import hosted_per_node
+
     if "user-id" in node_config:
         return [int(node_config["user-id"])]
     p = int(node_config["partition-id"])
+    users_per_node = hosted_per_node(users_per_node, num_users, int(node_config.get("num-partitions", 1)))
     users = list(range(p * users_per_node, min((p + 1) * users_per_node, num_users)))
     if not users:
         raise ValueError(f"partition {p} hosts no user: {num_users} users at {users_per_node} per node "

@@ -230,7 +230,11 @@ class TrivialConfig:
 class SimulationConfig:
     """How a simulation maps users onto virtual SuperNodes and what each ClientApp may use."""
 
-    users_per_node: int = ranged(1, _AT_LEAST_ONE)  # users multiplexed per virtual SuperNode (deployment: always one node per user)
+    # users multiplexed per virtual SuperNode (deployment: always one node per user). 0 (auto): the federation's
+    # SuperNodes share the users evenly, ceil(users / nodes) each, and `fedrec run` starts one node per worker it
+    # can run at once (`federation_size.auto_nodes`), so each node's sampled users train as one batch and every
+    # core works; a plain `flwr run .` spreads the users over the nodes of whatever federation it was given
+    users_per_node: int = ranged(0, _NON_NEGATIVE)
     # FedGNN: how many of a node's sampled users compute their local steps as one batched computation
     # (fedrec_flwr.fedgnn.local_step; the same numbers as one at a time, up to float rounding); 1: one at a time
     user_batch: int = ranged(32, _AT_LEAST_ONE)
@@ -696,6 +700,10 @@ def _validate_user_dp(cfg: AppConfig) -> None:
     if cfg.local.upload != "gradient":
         raise ConfigError("privacy.mode = 'user_dp' with local.upload = 'delta': use 'gradient' (the delta path "
                           "clips each local step per coordinate to privacy.clip_delta, an LDP setting)")
+    if cfg.simulation.users_per_node == 0:
+        raise ConfigError("privacy.mode = 'user_dp' with simulation.users_per_node = 0 (auto): the noise floor and the "
+                          "SecAgg+ ranges are sized from the node count before the run; set simulation.users_per_node "
+                          "(the preset's 64)")
 
 
 def load_config(

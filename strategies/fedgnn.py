@@ -20,6 +20,7 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from fedrec_flwr.config import AppConfig, to_dict
+from fedrec_flwr.federation_size import hosted_per_node
 from fedrec_flwr.fedgnn.bindings import bindings_for
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, checkpoint_folder, load_resumable
 from fedrec_flwr.fedgnn.protocol import (
@@ -37,7 +38,7 @@ from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.results import RunRecorder, records_failure
-from strategies.nodes import decode_replies, wait_for_nodes
+from strategies.nodes import FederationSizeError, decode_replies, wait_for_nodes
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
 
@@ -120,6 +121,23 @@ class FedGNNStrategy(Strategy):
         registered = set(self.bindings.nodes)
         return {c.node_id: c for c in client_manager.all().values() if c.node_id in registered}
 
+    def _size_simulation(self, nodes: int) -> None:
+        """A simulation's users per node for a federation of `nodes` SuperNodes (`simulation.users_per_node`, or with
+        0 every user spread over them), or FederationSizeError at once, naming the count it needs, when they cannot
+        host every user: a run never trains on, or reports for, part of the users without saying so."""
+        if self.cfg.data.catalogue or self.cfg.deployment.node_list:  # a deployment: one node per user, as listed
+            return
+        users = self.bindings.num_users
+        block = hosted_per_node(self.cfg.simulation.users_per_node, users, nodes)
+        self.bindings.set_block_size(block)
+        if nodes * block < users:
+            need = -(-users // block)
+            raise FederationSizeError(
+                f"{nodes} SuperNodes host {nodes * block} of the dataset's {users} users at simulation.users_per_node "
+                f"= {block}; this run needs {need}: flwr run . --federation-config \"num-supernodes={need}\" (or "
+                f"fedrec run, which sizes the federation; or simulation.users_per_node=0 to spread the users over the "
+                f"nodes there are)")
+
     # -- Flower strategy API ---------------------------------------------------------------
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
         """The initial model weights (the item table stays on the server and goes out row-wise)."""
@@ -134,6 +152,7 @@ class FedGNNStrategy(Strategy):
         if phase in (PHASE_POPULARITY, PHASE_REGISTER):
             if server_round == 1:
                 wait_for_nodes(client_manager, self.cfg.deployment.min_nodes, self.cfg.deployment.node_wait_seconds)
+                self._size_simulation(len(client_manager.all()))
             down = self.server.registration_download() if phase == PHASE_REGISTER else []
             ins = FitIns(ndarrays_to_parameters(down), self._round_config(server_round))
             return [(c, ins) for c in client_manager.all().values()]

@@ -18,7 +18,7 @@ from fedrec_flwr.config import AppConfig
 from fedrec_flwr.fppdm.rounds import FPPDMRounds
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.results import RunRecorder, records_failure
-from strategies.nodes import decode_replies, wait_for_nodes
+from strategies.nodes import check_domain_nodes, decode_replies, wait_for_nodes
 
 
 class WassersteinBarycenterStrategy(Strategy):
@@ -44,8 +44,11 @@ class WassersteinBarycenterStrategy(Strategy):
     def configure_fit(self, server_round, parameters, client_manager):
         """Every domain trains every round, towards the global distributions of its own users."""
         self.round_started = time.time()
-        if server_round == 1:  # deployment: domains connect in their own time; wait for all of them
-            wait_for_nodes(client_manager, self.num_domains, self.cfg.deployment.node_wait_seconds)
+        if server_round == 1:
+            if self.cfg.data.catalogue:  # deployment: domains connect in their own time; wait for all of them
+                wait_for_nodes(client_manager, self.num_domains, self.cfg.deployment.node_wait_seconds)
+            else:  # simulation: the federation is what it is; one SuperNode per domain, or stop now
+                check_domain_nodes(len(client_manager.all()), self.num_domains)
         return [(c, FitIns(ndarrays_to_parameters(self.rounds.download(c.node_id)), {"round": server_round}))
                 for c in client_manager.all().values()]
 

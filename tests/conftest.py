@@ -42,6 +42,7 @@ def tiny_cfg(tmp_path):
             f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'out'}",
             "data.synthetic.num_users=60", "data.synthetic.num_items=80", "data.synthetic.mean_degree=12",
             "model.dim=16", "privacy.pseudo_items=30", f"simulation.device_secrets={fixed_secrets(tmp_path)}",
+            "simulation.users_per_node=1",  # one node per user, as a deployment has (the default 0 sizes it)
             *overrides,
         ])
     return make

@@ -35,6 +35,7 @@ from fedrec_flwr.client_app import client_fn, users_of
 from fedrec_flwr.config import CONF_DIR, load_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_from_config, prepare_partitions
 from fedrec_flwr.data.sources import get_spec
+from fedrec_flwr.federation_size import auto_nodes
 from fedrec_flwr.server_app import fedgnn_components, server_fn
 from tests.conftest import TEST_SECRET
 
@@ -159,7 +160,9 @@ def test_the_settings_follow_the_stated_reasoning():
         assert cfg.local.batch_size >= min(most_ratings, items), name
         assert 0.02 <= cfg.server_opt.lr_decay ** cfg.federation.rounds <= 0.25, name
         assert cfg.federation.rounds * cfg.federation.clients_per_round / users >= 3, name
-        assert math.ceil(users / cfg.simulation.users_per_node) <= 1000, name
+        nodes = auto_nodes(users, cfg.simulation) if cfg.simulation.users_per_node == 0 else \
+            math.ceil(users / cfg.simulation.users_per_node)
+        assert nodes <= 1000, name
         assert cfg.federation.rounds // cfg.federation.eval_every >= 10, name
 
 
@@ -201,15 +204,17 @@ def _settings(name: str) -> dict:
 
 @pytest.mark.parametrize("name", ["ml-100k", "douban", "yahoo_music", "ml-1m", "ml-10m"])
 def test_a_two_round_fedgnn_tuned_run_on_a_fixture_of_each_dataset(name, tmp_path):
-    """The server and clients of `flwr run` in one process: nodes of `simulation.users_per_node` users each."""
+    """The server and clients of `flwr run` in one process: the nodes `fedrec run` starts (one per core: the preset's
+    users_per_node is 0, auto), each hosting its share of the users."""
     cfg, scale = _two_round_config(name, tmp_path)
     num_nodes = get_algorithm(cfg.algorithm).part("nodes")(cfg)
     strategy = fedgnn_components(cfg).strategy
     parts = UserPartitions(prepare_partitions(cfg.data))
     per_node = cfg.simulation.users_per_node
-    clients = {1000 + p: FedGNNClient(cfg, parts.meta, users_of({"partition-id": p}, per_node, parts.meta.num_users),
+    clients = {1000 + p: FedGNNClient(cfg, parts.meta, users_of({"partition-id": p, "num-partitions": num_nodes},
+                                                               per_node, parts.meta.num_users),
                                       parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET) for p in range(num_nodes)}
-    assert num_nodes == -(-ALL_USERS // per_node)
+    assert per_node == 0 and num_nodes == auto_nodes(ALL_USERS, cfg.simulation)
     drive(strategy, clients)
     doc = json.loads((Path(cfg.output_dir) / "results.json").read_text())
     _check_final(doc, name, scale, _settings(name))
@@ -267,7 +272,8 @@ def test_flixster_through_the_benchmark_driver(tmp_path, capsys, monkeypatch, tr
     cli_main(["run", "--preset", "fedgnn_tuned", "--dataset", "flixster", "--data-dir", str(tmp_path / "data"),
                      "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--set", "federation.rounds=2"])
     printed = capsys.readouterr().out.strip().splitlines()
-    assert "num-supernodes=9" in next(line for line in printed if line.startswith("+ "))  # 25 users, 3 per node
+    nodes = auto_nodes(25, load_config("fedgnn_tuned", "flixster").simulation)  # one per core, at most 25 users
+    assert f"num-supernodes={nodes} " in next(line for line in printed if line.startswith("+ "))
     final = json.loads(printed[-1])
     doc = json.loads((out / "results.json").read_text())
     assert final["rmse"] == doc["final"]["rmse"]

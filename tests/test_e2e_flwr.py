@@ -118,21 +118,45 @@ def test_flwr_run_fppdm_one_supernode_per_domain_in_plaintext_and_under_paillier
     assert abs(secure["final"]["hr@10"] - plain["final"]["hr@10"]) <= 0.02
 
 
-def _simulation_pids() -> set[int]:
-    found = subprocess.run(["pgrep", "-f", "bin/flwr-simulation"], capture_output=True, text=True).stdout.split()
-    return {int(p) for p in found}
+def _simulations_of_this_home() -> set[int]:
+    """The flwr-simulation processes under this Flower home's local SuperLink (`$FLWR_HOME`): the ones this test's
+    runs started, nothing else on the machine."""
+    import psutil
+
+    from fedrec_flwr.local_superlink import local_superlink_pids
+
+    found = set()
+    for pid in local_superlink_pids():
+        try:
+            for child in psutil.Process(pid).children(recursive=True):
+                if any("flwr-simulation" in part for part in child.cmdline()[:2]):
+                    found.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+@pytest.fixture
+def own_flower_home(tmp_path, monkeypatch):
+    """A Flower home of this test's own: `flwr run` starts a local SuperLink for it, which the test may stop, and
+    whose simulations are the test's; stopped (by process id) at the end."""
+    from fedrec_flwr.local_superlink import stop_local_superlink
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
+    yield
+    stop_local_superlink()
 
 
 @needs_superlink
-def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(small_run, tmp_path):
-    """SIGKILL the ServerApp's process after a checkpoint, rerun with checkpoint.resume=true: same final RMSE."""
+def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(small_run, tmp_path, own_flower_home):
+    """SIGKILL the ServerApp's process after a checkpoint, rerun with checkpoint.resume=true: same final RMSE. The
+    killed process is the simulation under this test's own Flower home, never another run's."""
     root, env = ROOT, _env()
 
     def job(out, *extra):
         return _small_job(out, tmp_path / "cache", *extra)
 
     killed = tmp_path / "killed"
-    before = _simulation_pids()
     log = tmp_path / "killed.log"
     with log.open("w") as fh:
         proc = subprocess.Popen(job(killed), cwd=root, env=env, stdout=fh, stderr=subprocess.STDOUT)
@@ -140,7 +164,9 @@ def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(small_
         while not (killed / "checkpoint" / "server.pt").is_file():
             assert proc.poll() is None and time.time() < deadline, log.read_text()[-2000:]
             time.sleep(0.2)
-        for pid in _simulation_pids() - before:  # the ServerApp's process dies mid-run, as in a crash
+        simulations = _simulations_of_this_home()
+        assert simulations, "no simulation under this test's Flower home"
+        for pid in simulations:  # the ServerApp's process dies mid-run, as in a crash
             os.kill(pid, signal.SIGKILL)
         run_id = log.read_text().split("run_id `")[1].split("`")[0]
         subprocess.run([str(Path(sys.executable).parent / "flwr"), "stop", run_id, "local"], cwd=root, env=env,
@@ -156,3 +182,33 @@ def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(small_
     assert doc["final"]["rmse"] == pytest.approx(clean["final"]["rmse"], abs=1e-9)
     train = [r["round"] for r in doc["rounds"] if r.get("phase") == "train"]
     assert train == list(range(2, 8))  # history from the checkpoint, then the resumed rounds
+
+
+@needs_superlink
+def test_plain_flwr_run_spreads_every_user_over_the_federation_it_is_given_or_stops_in_one_line(tmp_path):
+    """`flwr run .` as a Flower user runs it, with Flower's federation of two SuperNodes: the default
+    (simulation.users_per_node = 0) spreads all 24 users over the two nodes and scores every test rating. A fixed
+    users_per_node the two nodes cannot hold (5 users each, 24 users) stops at the first round, in one line naming
+    the SuperNodes it needs and the command that sets it, instead of training on part of the users."""
+    flwr = str(Path(sys.executable).parent / "flwr")
+    small = ("data.synthetic.num_users=24 data.synthetic.num_items=60 data.synthetic.mean_degree=10 model.dim=16 "
+             "privacy.pseudo_items=20 federation.rounds=2 federation.eval_every=2 federation.clients_per_round=8")
+
+    def plain_run(out: Path, extra: str = "") -> subprocess.CompletedProcess:
+        config = f"output-dir='{out}' cache-dir='{tmp_path / 'cache'}' set='{small} {extra}'"
+        return subprocess.run([flwr, "run", ".", "--stream", "--federation-config", "num-supernodes=2",
+                               "--run-config", config], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                              timeout=600)
+
+    spread = plain_run(tmp_path / "spread")
+    doc = json.loads((tmp_path / "spread" / "results.json").read_text())
+    assert doc["status"] == "finished", spread.stdout[-3000:] + spread.stderr[-3000:]
+    assert doc["rounds"][0]["phase"] == "register" and doc["rounds"][0]["accepted"] == 24
+    assert doc["rounds"][0]["nodes"] == 2
+    assert doc["final"]["eval_ratings"] == doc["final"]["test_ratings"] > 0  # every test rating scored
+
+    short = plain_run(tmp_path / "short", "simulation.users_per_node=5")
+    failed = json.loads((tmp_path / "short" / "results.json").read_text())
+    assert failed["status"] == "failed" and not any(r.get("phase") == "train" for r in failed.get("rounds", []))
+    why = failed["error"]
+    assert "this run needs 5" in why and 'num-supernodes=5' in why, why

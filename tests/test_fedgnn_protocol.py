@@ -104,10 +104,11 @@ def test_a_simulated_node_registers_exactly_its_partition_block(tiny_cfg):
     strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users,
                               rating_span=4.0)
     nodes = {1: FedGNNClient(cfg, parts.meta, list(range(10)), parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET)}
-    for nid, users in ((2, [10, 11]), (3, list(range(15, 25))), (4, list(range(20, 30)))):
+    for nid, users in ((2, [10, 11]), (3, list(range(15, 25))), (4, list(range(20, 30))), (5, list(range(30, 40))),
+                       (6, list(range(40, 50)))):  # six nodes: enough for the 60 users at 10 each
         nodes[nid] = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET)
     drive(strategy, nodes, last_round=1)
-    assert sorted(strategy.server.anonymity_sets) == [*range(10), *range(20, 30)]
+    assert sorted(strategy.server.anonymity_sets) == [*range(10), *range(20, 50)]
     refused = [why for _, why in strategy.rounds.rejections]
     assert len(refused) == 2 and all("hosts exactly users" in why for why in refused)
 

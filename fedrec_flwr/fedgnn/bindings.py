@@ -6,8 +6,9 @@ claimed by another. Who may claim what:
 - deployment: the operator's node list (`deployment.node_list`, a JSON file {node id: [users]},
   the node ids that `flwr supernode register --format json` printed for each device's key) binds
   each authenticated SuperNode to its users; a node that is not listed registers nobody;
-- simulation: partition p hosts users pU .. pU+U-1 (U = simulation.users_per_node), so a node
-  must claim exactly one such block, and each block once.
+- simulation: partition p hosts users pU .. pU+U-1 (U = simulation.users_per_node, or with 0 set from the
+  federation's size at the first round, `set_block_size`), so a node must claim exactly one such block, and
+  each block once.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class NodeBindings:
         self._block = block_size  # > 0 (simulation): a node claims exactly one block of this many users
         self._node_of: dict[int, int] = {}
         self._users_of: dict[int, list[int]] = {}
+
+    def set_block_size(self, block_size: int) -> None:
+        """A simulation's block (users per node) once the federation's size is known (`users_per_node` 0, auto)."""
+        self._block = int(block_size)
 
     @property
     def run_nodes(self) -> int:

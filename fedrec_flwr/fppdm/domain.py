@@ -15,6 +15,7 @@ from fedrec_flwr.config import (
     FPPDMTrainingConfig,
 )
 from fedrec_flwr.data import Domain
+from fedrec_flwr.fppdm.bounds import derived_value_bounds
 from fedrec_flwr.fppdm.coclustering import cluster_users
 from fedrec_flwr.metrics import (
     hit_ratio_at_k,
@@ -22,7 +23,6 @@ from fedrec_flwr.metrics import (
     rank_of_positive,
     sample_negatives,
 )
-from fedrec_flwr.fppdm.bounds import derived_value_bounds
 from fedrec_flwr.models.gaussian_gcn import (
     GaussianLightGCN,
     normalised_adjacency,
