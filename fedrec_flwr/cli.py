@@ -100,9 +100,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from fedrec_flwr.runner import ROOT, RunRequest, run_centralized_reference, run_federated
+    from fedrec_flwr.runner import ROOT, RunRequest, absolute_path_overrides, run_centralized_reference, run_federated
 
-    overrides = parse_overrides(" ".join(args.set))
+    overrides = absolute_path_overrides(parse_overrides(" ".join(args.set)))
     if args.device_secrets:
         overrides.append(f"simulation.device_secrets={Path(args.device_secrets).resolve()}")
     request = RunRequest(args.preset, args.dataset, args.seed, args.data_dir,
@@ -113,18 +113,17 @@ def _run(args: argparse.Namespace) -> None:
     if args.centralized and request.config(f"seed={request.seed}").checkpoint.resume:
         raise ConfigError("checkpoint.resume = true with --centralized; expected it only for flwr and --in-process "
                           "runs (--centralized runs keep no checkpoints, so the run would silently start afresh)")
-    if args.in_process:
-        final = _run_in_process(request, _torch_device(args.device or "cpu"), args.out)
-    else:
-        out = Path(args.out) if args.out else request.default_out(args.centralized)
-        print(f"output folder: {out}", flush=True)
-        if args.centralized:
-            final = run_centralized_reference(request, out)
-        else:
-            from fedrec_flwr.summary import summarize
+    from fedrec_flwr.summary import summarize
 
-            final = run_federated(request, out)["final"]
-            print(summarize(str(out)), flush=True)
+    out = Path(args.out) if args.out else request.default_out(args.centralized)
+    print(f"output folder: {out}", flush=True)
+    if args.in_process:
+        final = _run_in_process(request, _torch_device(args.device or "cpu"), out)
+    elif args.centralized:
+        final = run_centralized_reference(request, out)
+    else:
+        final = run_federated(request, out)["final"]
+    print(summarize(str(out)), flush=True)  # every kind of run writes results.json and rounds.csv alike
     print(json.dumps(final))
 
 
@@ -144,18 +143,21 @@ def _torch_device(name: str):
     return device
 
 
-def _run_in_process(request, device, out: str) -> dict:
-    """The in-process run's final metrics and timings; SystemExit with the reason when it trained nothing or its
-    checkpoint cannot be resumed. `out`: its output folder (its checkpoints' default home), else the config's."""
+def _run_in_process(request, device, out: Path) -> dict:
+    """The in-process run's final metrics and timings, its results.json and rounds.csv written to `out` (locked for
+    the run) as a flwr run writes them; SystemExit with the reason when it trained nothing or its checkpoint cannot
+    be resumed."""
     import torch
 
     from fedrec_flwr.fedgnn.checkpoint import CheckpointError
+    from fedrec_flwr.fsutil import folder_lock
     from fedrec_flwr.inprocess import run_in_process
     from fedrec_flwr.results import RunFailed
 
     torch.set_num_threads(1)
     try:
-        result = run_in_process(request.config(f"seed={request.seed}", *([f"output_dir={out}"] if out else [])), device)
+        with folder_lock(out, "output folder"):
+            result = run_in_process(request.config(f"seed={request.seed}", f"output_dir={out}"), device, record=True)
     except RunFailed as exc:
         raise SystemExit(f"run failed: {exc}") from None
     except CheckpointError as exc:  # a checkpoint that cannot be resumed fails the run, as under flwr

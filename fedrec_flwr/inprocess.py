@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from fedrec_flwr.baselines import baseline_rmses, baselines_on_users
 from fedrec_flwr.config import to_dict
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.accounting import sample_rate
@@ -50,7 +51,7 @@ from fedrec_flwr.fedgnn.user_dp import node_evaluation, node_update
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.neighbours.link import open_expansion_link
-from fedrec_flwr.results import RunFailed
+from fedrec_flwr.results import RunFailed, RunRecorder
 
 
 def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int], FedGNNUser],
@@ -68,7 +69,8 @@ def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int],
 
 def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,
                probe: Callable[[FedGNNServer, Callable[..., float], Callable[[int], FedGNNUser]], dict] | None = None,
-               tamper: Callable[[int, int, list[np.ndarray]], list[np.ndarray]] | None = None) -> dict:
+               tamper: Callable[[int, int, list[np.ndarray]], list[np.ndarray]] | None = None,
+               record: bool = False) -> dict:
     """Run cfg.federation.rounds FedGNN rounds in-process through the round core; returns metrics and timings.
 
     Every user sits on one node of its own (sampling is by user id, so the numbers are those of any
@@ -79,12 +81,35 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
     `tamper(user, round, upload)`, if given, replaces each user's protected upload (poisoning benchmarks).
     Checkpoints and resumes by the config's `checkpoint` section (see the module's docstring); a resumed run's
     result has `resumed`: the logical round it continued after and the seconds its rounds had taken.
+    `record`: write results.json and rounds.csv to `cfg.output_dir` with the baselines on the scored ratings, as a
+    `flwr run` does (`fedrec run --in-process`), so `fedrec summary` and `fedrec plot` read it alike.
     """
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
+    recorder = baselines_of = None
+    if record:
+        ratings = parts.ratings()
+        recorder = RunRecorder(cfg.output_dir, cfg.algorithm, meta.dataset, to_dict(cfg))
+        recorder.set_baselines(baseline_rmses(ratings))
+
+        def baselines_of(scored: list[int]) -> tuple[dict[str, float], int]:
+            return baselines_on_users(ratings, scored)
+    try:
+        out = _run(cfg, parts, recorder, baselines_of, device, log_every, server_device, probe, tamper)
+    except Exception as exc:
+        if recorder is not None and not recorder.finished:
+            recorder.fail(f"{type(exc).__name__}: {exc}")
+        raise
+    return out
+
+
+def _run(cfg, parts: UserPartitions, recorder: RunRecorder | None, baselines_of, device, log_every: int,
+         server_device, probe, tamper) -> dict:
+    """`run_in_process`'s body, with its recorder (None: nothing written)."""
+    meta = parts.meta
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
     rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1), meta.scale.high - meta.scale.low,
-                                      test_ratings=meta.num_test)
+                                      recorder=recorder, test_ratings=meta.num_test, baselines=baselines_of)
     store = MemoryStore()
     checkpointer = Checkpointer(checkpoint_folder(cfg)) if cfg.checkpoint.every or cfg.checkpoint.resume else None
     resumed = None
@@ -130,6 +155,7 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, 
     why = rounds.failure()
     if why is not None:
         raise RunFailed(why)
+    rounds.finish()  # with a recorder: results.json's final metrics and baselines, and the FINAL line
     train_secs = [h["round_seconds"] for h in history if "phase" not in h]
     return {"rmse": history[-1].get("rmse"), "median_round_seconds": float(np.median(train_secs)),
             "clients_per_second": cfg.federation.clients_per_round / float(np.median(train_secs)),

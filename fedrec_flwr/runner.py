@@ -240,6 +240,30 @@ def _run_config(request: RunRequest, out: Path) -> dict[str, str | int]:
     return run_config
 
 
+# config keys that name a file or folder: True where it must exist before the run starts
+PATH_KEYS = {"fppdm.secure.key_file": True, "deployment.node_list": True, "expansion.service_token_file": True,
+             "expansion.ca_file": True, "data.catalogue": True, "simulation.device_secrets": False,
+             "checkpoint.dir": False}
+
+
+def absolute_path_overrides(overrides: list[str], cwd: Path | None = None) -> list[str]:
+    """`overrides` with every path-valued one (`PATH_KEYS`) made absolute against the folder the command runs in, as
+    --data-dir is (flwr run's apps run elsewhere); ConfigError naming the key and the path when one that must exist
+    does not, before anything starts."""
+    cwd = cwd or Path.cwd()
+    out = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep and key in PATH_KEYS and value:
+            path = Path(value).expanduser()
+            path = path if path.is_absolute() else (cwd / path)
+            if PATH_KEYS[key] and not path.exists():
+                raise ConfigError(f"--set {key}={value}: no such file or folder ({path})")
+            item = f"{key}={path.resolve()}"
+        out.append(item)
+    return out
+
+
 def _in_project(path: str) -> Path:
     """A config path as the ServerApp opens it: relative paths from the project folder (flwr run's working
     directory, which the local SuperLink it starts inherits)."""

@@ -174,7 +174,9 @@ def summarize(path: str) -> str:
         lines += [f"    {_BASELINE_NAMES.get(k, k):32s} {v:.4f}" for k, v in baselines.items()]
         if rmse is not None:
             best = best_trivial(baselines)
-            lines.append(f"  model {rmse:.4f} is {100 * (1 - rmse / best):.1f}% below the best trivial baseline ({best:.4f})")
+            change = 100 * (1 - rmse / best)
+            lines.append(f"  model {rmse:.4f} is {abs(change):.1f}% {'below' if change >= 0 else 'above (worse than)'} "
+                         f"the best trivial baseline ({best:.4f})")
     budget = doc.get("privacy")
     if budget and budget.get("mode") == "user_dp":
         n = budget["epsilon_at_1_over_n"]

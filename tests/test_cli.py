@@ -78,13 +78,23 @@ def test_fppdm_pp_is_fppdm_with_co_clustering():
     assert {k for k, v in _leaves(pp).items() if _leaves(plain)[k] != v} == {"preset", "fppdm.coclustering.lambda_c"}
 
 
-def test_run_in_process_prints_the_final_metrics_as_its_last_line(tmp_path, capsys):
-    main(["run", "--in-process", "--preset", "fedgnn_paper", "--dataset", "synthetic", "--set",
+def test_run_in_process_writes_the_results_and_summary_a_flwr_run_writes(tmp_path, capsys):
+    """`fedrec run --in-process`: results.json and rounds.csv in its output folder (the baselines on the same
+    ratings), the summary, then the final metrics as its last line; `fedrec summary` reads the folder."""
+    out = tmp_path / "out"
+    main(["run", "--in-process", "--preset", "fedgnn_paper", "--dataset", "synthetic", "--out", str(out), "--set",
           f"data.cache_dir={tmp_path}", "data.synthetic.num_users=30", "data.synthetic.num_items=40",
           "data.synthetic.mean_degree=8", "model.dim=8", "privacy.pseudo_items=10", "federation.rounds=2",
           "federation.clients_per_round=8", "federation.eval_every=2"])
-    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    printed = capsys.readouterr().out.strip().splitlines()
+    final = json.loads(printed[-1])
     assert 0 < final["rmse"] < 4 and final["eval_ratings"] == final["test_ratings"] > 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["status"] == "finished" and doc["final"]["rmse"] == final["rmse"]
+    assert doc["baseline_ratings"] == final["test_ratings"] and (out / "rounds.csv").is_file()
+    main(["summary", str(out)])
+    summary = capsys.readouterr().out.strip()
+    assert summary and summary in "\n".join(printed[:-1])  # the run printed what `fedrec summary` reads back
 
 
 def test_an_in_process_run_that_trains_nothing_fails_with_the_reason(tmp_path):

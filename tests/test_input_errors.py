@@ -95,6 +95,19 @@ def test_a_bad_flower_run_config_names_its_key_on_one_line(run_config, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_path_in_set_resolves_as_the_data_folder_does_and_a_missing_one_is_one_line(tmp_path, capsys, monkeypatch):
+    """`--set fppdm.secure.key_file=KEY` with KEY relative: resolved against the folder the command runs in (flwr
+    run's apps run elsewhere), and checked before anything starts."""
+    from fedrec_flwr.runner import absolute_path_overrides
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "KEY").write_text("k")
+    assert absolute_path_overrides(["fppdm.secure.key_file=KEY", "federation.rounds=2"]) == [
+        f"fppdm.secure.key_file={tmp_path / 'KEY'}", "federation.rounds=2"]
+    line = fails(["run", "--preset", "fppdm", "--set", "fppdm.secure.enabled=true", "fppdm.secure.key_file=NOPE"], capsys)
+    assert line.startswith("error: --set fppdm.secure.key_file=NOPE: no such file") and str(tmp_path / "NOPE") in line
+
+
 def test_a_run_config_value_flwr_cannot_carry_is_refused_before_anything_runs(tmp_path, capsys):
     line = fails(["run", "--out", str(tmp_path / "it's"), "--set", *TINY], capsys)
     assert line.startswith("error: run-config key 'output-dir' = ") and "single quote" in line

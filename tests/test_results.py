@@ -140,3 +140,12 @@ def test_summary_says_when_a_run_was_scored_on_the_validation_holdout(tmp_path):
     assert "scored on the validation holdout (0.1 of each user's training ratings" in text
     assert "validation ratings scored: 50 of the split's 50" in text and "test ratings scored" not in text
     assert "validation RMSE of centralized baselines" in text
+
+
+def test_a_model_worse_than_the_baseline_is_worded_as_worse(tmp_path):
+    rec = RunRecorder(tmp_path, "fedgnn", "synthetic", {"privacy": {"ldp": True}})
+    rec.set_baselines({"global_mean": 1.0, "user_mean": 0.99, "item_mean": 0.95, "bias": 0.93})
+    rec.add_round({"round": 2, "phase": "train", "bytes_up": 1e6, "bytes_down": 2e6})
+    rec.finish({"rmse": 0.99, "mae": 0.7})
+    text = summarize(str(tmp_path))
+    assert "model 0.9900 is 4.2% above (worse than) the best trivial baseline (0.9500)" in text and "below" not in text

@@ -317,7 +317,8 @@ class FedGNNRounds:
             self.rounds_not_applied += 1
             log.warning("round %d: %d accepted updates < min_clients=%d; model unchanged",
                         logical_round, len(accepted), self.federation.min_clients)
-        record = {"round": logical_round, "phase": PHASE_TRAIN, "clients": users_seen, "accepted": len(accepted),
+        record = {"round": logical_round, "phase": PHASE_TRAIN, "training_round": self.train_rounds_done,
+                  "clients": users_seen, "accepted": len(accepted),
                   "rejected": self.rejected_in(logical_round), "failures": len(failures), "applied": applied,
                   "bytes_down": bytes_down, "bytes_up": up / max(users_seen, 1)}
         if self.privacy.ldp:
@@ -362,7 +363,8 @@ class FedGNNRounds:
             self.rounds_not_applied += 1
             log.warning("round %d: no sum applied (%d users' nodes reported); model unchanged", logical_round,
                         reporting_users)
-        record = {"round": logical_round, "phase": PHASE_TRAIN, "clients": reporting_users, "accepted": reporting_users,
+        record = {"round": logical_round, "phase": PHASE_TRAIN, "training_round": self.train_rounds_done,
+                  "clients": reporting_users, "accepted": reporting_users,
                   "nodes": nodes, "rejected": self.rejected_in(logical_round), "failures": len(failures),
                   "applied": applied, "bytes_down": bytes_down, "bytes_up": bytes_up,
                   "user_epsilon": self.user_dp.epsilon(), "round_seconds": time.time() - started}
