@@ -6,7 +6,8 @@
 The floor is the same users' work for one round in one process, with no Flower: the in-process runner
 (`fedrec_flwr.inprocess`, the same user code and round core) on one core, with the round's users batched
 (`simulation.user_batch`, as the preset sets it) and, for comparison, one user at a time. Then, for each
-`simulation.users_per_node` U, a FedGNN `flwr run` on ceil(users / U) virtual SuperNodes and the
+`simulation.users_per_node` U, a FedGNN `flwr run` on ceil(users / U) virtual SuperNodes (U = 0, the default:
+one per core, `federation_size.auto_nodes`) and the
 `trivial` job (clients echo 16 floats) on as many SuperNodes, sampling min(128, nodes) of them per
 round: Flower's own cost of a round at that node count. Median seconds per training round over rounds
 2.. (round 1 starts the actors). Writes benchmarks/results/compute_floor.json.
@@ -28,6 +29,7 @@ from benchmarks.common import add_data_dir, fedrec_run
 from benchmarks.fedgnn_overhead import median_round_seconds
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.federation_size import auto_nodes
 from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.results import load_results
 
@@ -38,7 +40,8 @@ def main() -> None:
     add_data_dir(ap)
     ap.add_argument("--dataset", default="ml-100k")
     ap.add_argument("--preset", default="fedgnn_tuned")
-    ap.add_argument("--users-per-node", nargs="+", type=int, default=[1, 8, 32, 128])
+    ap.add_argument("--users-per-node", nargs="+", type=int, default=[1, 8, 32, 128],
+                    help="0: the default sizing (one SuperNode per core, the users spread over them)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--out", default="benchmarks/results/compute_floor.json")
     args = ap.parse_args()
@@ -54,7 +57,7 @@ def main() -> None:
           f"({cfg.simulation.user_batch} users), {alone_s:.2f} s/round one user at a time", flush=True)
     rows = []
     for per_node in args.users_per_node:
-        nodes = math.ceil(users / per_node)
+        nodes = auto_nodes(users, cfg.simulation) if per_node == 0 else math.ceil(users / per_node)
         with tempfile.TemporaryDirectory() as tmp:
             common = ["--dataset", args.dataset, "--data-dir", args.data_dir]
             fedrec_run(["--preset", args.preset, *common, "--out", f"{tmp}/fedgnn", "--set", *base,
