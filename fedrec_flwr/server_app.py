@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
 
 from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
@@ -145,10 +148,27 @@ def main(grid, context: Context) -> None:
 
     components = server_fn(context)
     cfg = from_run_config(context.run_config)
-    if cfg.algorithm == "fedgnn" and cfg.privacy.mode == "user_dp":
-        strategy = components.strategy
-        legacy = LegacyContext(context=context, config=components.config, strategy=strategy)
-        DefaultWorkflow(fit_workflow=secagg_fit_workflow(cfg, strategy))(grid, legacy)
-        return
-    start_grid(server=components.server, config=components.config, strategy=components.strategy,
-               client_manager=components.client_manager, grid=grid)
+    with serverapp_pid_file(cfg.output_dir):
+        if cfg.algorithm == "fedgnn" and cfg.privacy.mode == "user_dp":
+            strategy = components.strategy
+            legacy = LegacyContext(context=context, config=components.config, strategy=strategy)
+            DefaultWorkflow(fit_workflow=secagg_fit_workflow(cfg, strategy))(grid, legacy)
+            return
+        start_grid(server=components.server, config=components.config, strategy=components.strategy,
+                   client_manager=components.client_manager, grid=grid)
+
+
+PID_FILE = "serverapp.pid"
+
+
+@contextmanager
+def serverapp_pid_file(output_dir: str):
+    """`<output_dir>/serverapp.pid` holds this ServerApp's process id while it runs (removed when it returns), so that
+    whoever started the run can stop exactly its process, never another run's found by name."""
+    path = Path(output_dir) / PID_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)

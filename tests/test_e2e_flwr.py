@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from fedrec_flwr.cli import main as cli_main
@@ -118,39 +119,11 @@ def test_flwr_run_fppdm_one_supernode_per_domain_in_plaintext_and_under_paillier
     assert abs(secure["final"]["hr@10"] - plain["final"]["hr@10"]) <= 0.02
 
 
-def _simulations_of_this_home() -> set[int]:
-    """The flwr-simulation processes under this Flower home's local SuperLink (`$FLWR_HOME`): the ones this test's
-    runs started, nothing else on the machine."""
-    import psutil
-
-    from fedrec_flwr.local_superlink import local_superlink_pids
-
-    found = set()
-    for pid in local_superlink_pids():
-        try:
-            for child in psutil.Process(pid).children(recursive=True):
-                if any("flwr-simulation" in part for part in child.cmdline()[:2]):
-                    found.add(child.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
-@pytest.fixture
-def own_flower_home(tmp_path, monkeypatch):
-    """A Flower home of this test's own: `flwr run` starts a local SuperLink for it, which the test may stop, and
-    whose simulations are the test's; stopped (by process id) at the end."""
-    from fedrec_flwr.local_superlink import stop_local_superlink
-
-    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "flwr-home"))
-    yield
-    stop_local_superlink()
-
-
 @needs_superlink
-def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(small_run, tmp_path, own_flower_home):
+def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(small_run, tmp_path):
     """SIGKILL the ServerApp's process after a checkpoint, rerun with checkpoint.resume=true: same final RMSE. The
-    killed process is the simulation under this test's own Flower home, never another run's."""
+    process is the one the run's own `serverapp.pid` names (checked to be a Flower simulation), never one found by
+    name on the machine; the run is then stopped on the SuperLink by its own id."""
     root, env = ROOT, _env()
 
     def job(out, *extra):
@@ -164,13 +137,12 @@ def test_flwr_run_killed_midway_and_resumed_ends_as_the_uninterrupted_run(small_
         while not (killed / "checkpoint" / "server.pt").is_file():
             assert proc.poll() is None and time.time() < deadline, log.read_text()[-2000:]
             time.sleep(0.2)
-        simulations = _simulations_of_this_home()
-        assert simulations, "no simulation under this test's Flower home"
-        for pid in simulations:  # the ServerApp's process dies mid-run, as in a crash
-            os.kill(pid, signal.SIGKILL)
+        pid = int((killed / "serverapp.pid").read_text())
+        assert any("flwr-simulation" in part for part in psutil.Process(pid).cmdline()[:2])
+        os.kill(pid, signal.SIGKILL)  # the ServerApp's process dies mid-run, as in a crash
         run_id = log.read_text().split("run_id `")[1].split("`")[0]
-        subprocess.run([str(Path(sys.executable).parent / "flwr"), "stop", run_id, "local"], cwd=root, env=env,
-                       capture_output=True)
+        subprocess.run([str(Path(sys.executable).parent / "flwr"), "stop", run_id, "local"], cwd=root,
+                       env=env, capture_output=True, text=True)
         proc.wait(timeout=120)
     interrupted = json.loads((killed / "results.json").read_text())
     assert interrupted["status"] != "finished"
@@ -203,11 +175,11 @@ def test_plain_flwr_run_spreads_every_user_over_the_federation_it_is_given_or_st
     spread = plain_run(tmp_path / "spread")
     doc = json.loads((tmp_path / "spread" / "results.json").read_text())
     assert doc["status"] == "finished", spread.stdout[-3000:] + spread.stderr[-3000:]
-    assert doc["rounds"][0]["phase"] == "register" and doc["rounds"][0]["accepted"] == 24
-    assert doc["rounds"][0]["nodes"] == 2
+    register = next(r for r in doc["rounds"] if r.get("phase") == "register")
+    assert register["accepted"] == 24 and register["nodes"] == 2
     assert doc["final"]["eval_ratings"] == doc["final"]["test_ratings"] > 0  # every test rating scored
 
-    short = plain_run(tmp_path / "short", "simulation.users_per_node=5")
+    plain_run(tmp_path / "short", "simulation.users_per_node=5")
     failed = json.loads((tmp_path / "short" / "results.json").read_text())
     assert failed["status"] == "failed" and not any(r.get("phase") == "train" for r in failed.get("rounds", []))
     why = failed["error"]
