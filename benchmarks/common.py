@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 from datetime import date
+from pathlib import Path
 from typing import Sequence
 
 from fedrec_flwr.sweep import fedrec_run as fedrec_run  # one `fedrec run` call in this process (re-exported)
@@ -20,6 +21,28 @@ DATA_DIR = "data"
 def add_data_dir(ap: argparse.ArgumentParser) -> None:
     """The `--data-dir` argument every script that reads a registry dataset takes."""
     ap.add_argument("--data-dir", default=DATA_DIR, help="folder holding the datasets (default: ./data)")
+
+
+def add_resume(ap: argparse.ArgumentParser) -> None:
+    """--resume: continue the results file named by --out (its finished cells are kept, the rest run)."""
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the --out file (skip its finished cells); without it an existing file is left "
+                         "alone and the run writes a fresh one beside it")
+
+
+def results_file(path: Path, resume: bool) -> Path:
+    """Where a benchmark writes: `path` when resuming it or when it does not exist yet; otherwise a fresh file beside
+    it, `<stem>-<date>[-n].json`, so that a rerun of a documented command reruns every cell and never rewrites a
+    committed record (printed, so the user knows where the numbers went)."""
+    if resume or not path.exists():
+        return path
+    stem, n = f"{path.stem}-{date.today().isoformat()}", 0
+    fresh = path.with_name(f"{stem}{path.suffix}")
+    while fresh.exists():
+        n += 1
+        fresh = path.with_name(f"{stem}-{n}{path.suffix}")
+    print(f"[benchmark] {path} exists (pass --resume to continue it): writing {fresh}", flush=True)
+    return fresh
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -26,7 +26,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.common import add_data_dir, in_process_record
+from benchmarks.common import add_data_dir, add_resume, in_process_record, results_file
 from fedrec_flwr.config import load_config
 from fedrec_flwr.convergence import FLATTEN_SMOOTHING, FLATTEN_TOLERANCE, FLATTEN_WINDOW, rounds_to_flatten
 from fedrec_flwr.fsutil import atomic_write
@@ -106,6 +106,7 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="seeds of the test runs")
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="further config overrides of every run")
     ap.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
+    add_resume(ap)
     ap.add_argument("--plot", type=Path, nargs="+", metavar="JSON",
                     help="only draw these results files into OUT_DIR/converged_rmse.png")
     ap.add_argument("--table", type=Path, nargs="+", metavar="JSON", help="only print these results files as markdown")
@@ -119,7 +120,7 @@ def main() -> None:
     if not args.dataset or not args.max_rounds or args.max_rounds < (FLATTEN_SMOOTHING + 2) * args.eval_every:
         ap.error(f"--dataset and --max-rounds (at least {FLATTEN_SMOOTHING + 2} evaluation intervals, what the flatten "
                  "rule reads) are needed, unless --plot or --table")
-    out = args.out_dir / f"converged-{args.preset}-{args.dataset}.json"
+    out = results_file(args.out_dir / f"converged-{args.preset}-{args.dataset}.json", args.resume)
     doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     doc.update(preset=args.preset, dataset=args.dataset, rule={"tolerance": FLATTEN_TOLERANCE, "window": FLATTEN_WINDOW,
                                                            "smoothing": FLATTEN_SMOOTHING},

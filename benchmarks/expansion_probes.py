@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import add_data_dir, in_process_record
+from benchmarks.common import add_data_dir, add_resume, in_process_record, results_file
 from fedrec_flwr.config import load_config
 from fedrec_flwr.fedgnn.checkpoint import CheckpointError
 from fedrec_flwr.fsutil import atomic_write
@@ -292,6 +292,7 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--rounds", type=int, help="default: the length converged_runs chose on validation")
     ap.add_argument("--results", type=Path, default=Path("benchmarks/results"))
+    add_resume(ap)
     ap.add_argument("--table", type=Path, metavar="JSON", help="only print this results file as markdown")
     ap.add_argument("--plot", type=Path, nargs=2, metavar=("JSON", "PNG"), help="only plot this results file")
     args = ap.parse_args()
@@ -304,7 +305,7 @@ def main() -> None:
     found = (args.results / f"converged-{PRESET}-{args.dataset}.json").is_file()
     rounds, converged = chosen_rounds(args.dataset, args.results) if found or not args.rounds else (args.rounds, {})
     rounds = args.rounds or rounds
-    out = args.results / f"expansion_probes-{args.dataset}.json"
+    out = results_file(args.results / f"expansion_probes-{args.dataset}.json", args.resume)
     doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     doc.update(dataset=args.dataset, preset=PRESET, rounds=rounds, eval_every=EVAL_EVERY,
                command=f"python -m benchmarks.expansion_probes --data-dir DATA --dataset {args.dataset}")

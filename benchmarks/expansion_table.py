@@ -21,7 +21,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from benchmarks.common import add_data_dir
+from benchmarks.common import add_data_dir, add_resume, results_file
 from fedrec_flwr.sweep import load_sweep, run_missing, run_record
 
 GNNS = ("gat", "gcn", "ggnn")
@@ -94,9 +94,10 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--protocol", default="short", choices=list(PROTOCOLS))
     ap.add_argument("--out", help="default: the protocol's file under benchmarks/results/")
+    add_resume(ap)
     args = ap.parse_args()
     preset, settings, default_out = PROTOCOLS[args.protocol]
-    out = Path(args.out or default_out)
+    out = results_file(Path(args.out or default_out), args.resume)
     doc = load_sweep(out, args.datasets, {"preset": preset, "settings": settings})
     cells = [({"dataset": d, "gnn": g, "mode": m, "seed": s}, command(d, g, m, s, args.data_dir, args.protocol))
              for d in args.datasets for s in args.seeds for g in args.gnns for m in args.modes]

@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.common import add_data_dir, in_process_record
+from benchmarks.common import add_data_dir, add_resume, in_process_record, results_file
 from fedrec_flwr.config import load_config
 from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.sweep import finished
@@ -45,8 +45,9 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="further config overrides of every run")
     ap.add_argument("--preset", choices=PRESETS, default="fedgnn_tuned")
     ap.add_argument("--out", type=Path, help="default: benchmarks/results/<preset>.json")
+    add_resume(ap)
     args = ap.parse_args()
-    out = args.out or Path(f"benchmarks/results/{args.preset}.json")
+    out = results_file(args.out or Path(f"benchmarks/results/{args.preset}.json"), args.resume)
     doc = json.loads(out.read_text()) if out.is_file() else {"runs": []}
     sampler = load_config(args.preset, args.dataset, args.extra).privacy.pseudo_sampler
     for seed in args.seeds:

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import add_data_dir
+from benchmarks.common import add_data_dir, add_resume, results_file
 from fedrec_flwr.config import AppConfig, load_config, parse_overrides
 from fedrec_flwr.data import MultiDomainDataset, load_multidomain
 from fedrec_flwr.fppdm.analysis import space_scale, user_ranks, w2
@@ -190,6 +190,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="names of the variants to run (default: all)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for every variant")
     ap.add_argument("--out", type=Path, default=None, help="default: benchmarks/results/fppdm_overlap_seed<S>.json")
+    add_resume(ap)
     ap.add_argument("--summarise", nargs="+", type=Path, default=None, metavar="JSON",
                     help="print the seed summary of these result files instead of running")
     args = ap.parse_args()
@@ -219,7 +220,7 @@ def main() -> None:
            "wall_seconds": time.time() - t0,
            "settings": {name: settings(cfg) for name, cfg in configs.items()},
            "variants": results, "table": table}
-    path = args.out or RESULTS / f"fppdm_overlap_seed{args.seed}.json"
+    path = results_file(args.out or RESULTS / f"fppdm_overlap_seed{args.seed}.json", args.resume)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"[fppdm_overlap] wrote {path} ({out['wall_seconds']:.0f}s)")

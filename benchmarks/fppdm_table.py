@@ -21,7 +21,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from benchmarks.common import add_data_dir
+from benchmarks.common import add_data_dir, add_resume, results_file
 from fedrec_flwr.config import CONF_DIR, dataset_conf_paths
 from fedrec_flwr.sweep import load_sweep, run_missing
 
@@ -75,8 +75,9 @@ def main() -> None:
     ap.add_argument("--presets", nargs="+", default=list(PRESETS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--out", default="benchmarks/results/fppdm_table.json")
+    add_resume(ap)
     args = ap.parse_args()
-    out = Path(args.out)
+    out = results_file(Path(args.out), args.resume)
     doc = load_sweep(out, args.datasets, {d: settings(d) for d in args.datasets})
     cells = [({"dataset": d, "preset": p, "seed": s}, command(d, p, s, args.data_dir))
              for d in args.datasets for s in args.seeds for p in args.presets]

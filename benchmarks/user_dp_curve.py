@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import add_data_dir
+from benchmarks.common import add_data_dir, add_resume, results_file
 from benchmarks.privacy_utility import paper_budget_point
 from fedrec_flwr.baselines import baseline_rmses
 from fedrec_flwr.config import load_config
@@ -108,7 +108,9 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="further config overrides of every run")
     ap.add_argument("--plot", action="store_true", help="only draw the PNG from the recorded runs")
     ap.add_argument("--out", type=Path, default=OUT)
+    add_resume(ap)
     args = ap.parse_args()
+    args.out = results_file(args.out, args.resume)
     if not args.plot:  # resumable: a cell already in the file is skipped, the file is saved after each run
         doc = json.loads(args.out.read_text()) if args.out.is_file() else {"preset": "fedgnn_user_dp", "runs": []}
         for dataset in args.datasets:

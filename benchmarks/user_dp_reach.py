@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common import add_data_dir
+from benchmarks.common import add_data_dir, add_resume, results_file
 from fedrec_flwr.config import load_config
 from fedrec_flwr.fedgnn import rounds as rounds_module
 from fedrec_flwr.fedgnn import user_dp
@@ -183,9 +183,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--fraction", type=float, default=0.01, help="share of devices in the colluding cells")
     ap.add_argument("--out", type=Path, default=OUT)
+    add_resume(ap)
     ap.add_argument("--secrets", type=Path, default=Path("/tmp/fedrec-user-dp-reach-secrets"),
                     help="the simulation's device secrets (drawn on first use); every cell of --out uses the same")
     args = ap.parse_args()
+    args.out = results_file(args.out, args.resume)
     torch.set_num_threads(1)  # one core: the machine's other runs keep theirs
     doc = json.loads(args.out.read_text()) if args.out.exists() else {"cells": []}
     doc.update({"preset": args.preset, "dataset": args.dataset, "rounds": args.rounds})

@@ -131,3 +131,18 @@ def test_baselines_summary_and_plot(tmp_path, capsys, monkeypatch):
     assert "test ratings scored: 10 of the split's 10" in capsys.readouterr().out
     main(["plot", str(run)])
     assert (run / "plots" / "rmse.png").is_file()
+
+
+def test_a_benchmark_rerun_writes_a_fresh_file_unless_told_to_resume(tmp_path):
+    """A documented benchmark command reruns every cell into a fresh file beside the committed record; only
+    --resume continues (and rewrites) the named file."""
+    from benchmarks.common import results_file
+
+    committed = tmp_path / "fppdm_table.json"
+    assert results_file(committed, resume=False) == committed  # nothing there yet: the named file
+    committed.write_text("{}")
+    fresh = results_file(committed, resume=False)
+    assert fresh != committed and fresh.parent == committed.parent and fresh.name.startswith("fppdm_table-")
+    fresh.write_text("{}")
+    assert results_file(committed, resume=False) not in (committed, fresh)  # never an existing file
+    assert results_file(committed, resume=True) == committed
