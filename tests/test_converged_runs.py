@@ -1,6 +1,6 @@
 """benchmarks/converged_runs.py, run as a user runs it on the synthetic data: the validation run reads only
-the held-out training ratings, the test runs use the round it chose and score every test rating, a rerun
-resumes instead of training again, and the table shows what the file holds."""
+the held-out training ratings, the test runs use the round it chose and score every test rating, a rerun with
+--resume resumes instead of training again (without it, a fresh file), and the table shows what the file holds."""
 
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ def test_rounds_are_chosen_on_validation_and_the_test_runs_use_them(tmp_path):
     # the validation run scored its held-out training ratings, the test runs every test rating
     assert all(r["final"]["eval_ratings"] == r["final"]["test_ratings"] for r in doc["runs"])
     assert val[0]["final"]["test_ratings"] != tests[0]["final"]["test_ratings"]
-    assert "data.holdout=" not in _script(*argv)  # a rerun finds every phase done and starts no run
+    assert "data.holdout=" not in _script(*argv, "--resume")  # resumed, it finds every phase done and starts no run
+    assert "data.holdout=validation" in _script(*argv)  # without --resume a rerun reruns, into a fresh file
+    assert len(list(tmp_path.glob("converged-quickstart-synthetic*.json"))) == 2
     table = _script("--table", str(tmp_path / "converged-quickstart-synthetic.json"))
     assert "validation, seed 0" in table and "test, seed 1" in table and f"Chosen: {chosen} rounds" in table
