@@ -8,6 +8,8 @@ its own separately protected gradients (see `fedrec_flwr.fedgnn.protocol` for th
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Callable
 
 import numpy as np
@@ -45,15 +47,18 @@ class FedGNNClient(NumPyClient):
 
     def __init__(self, cfg: AppConfig, meta: PartitionMeta, user_ids: list[int], load_user: Callable[[int], UserData],
                  store: UserStore, device: torch.device | None = None, *, secret: DeviceSecret, terms: DeviceTerms | None = None,
-                 neighbour_service: str | None = None):
+                 neighbour_service: str | None = None, neighbour_ca: str = ""):
         """`secret`: the device's own (`client_app.device_secret`), never the run config's; `terms`: what the device
         computed for itself about a user-DP run (q and its noise share; required in that mode); `neighbour_service`:
         the only neighbour-service address a deployed device contacts (its node config; "" none), or None in a
-        simulation, where the experimenter runs server and service alike."""
+        simulation, where the experimenter runs server and service alike; `neighbour_ca`: a deployed device's CA
+        file for that service (its node config), never the run config's, so the server cannot turn TLS off."""
         self.neighbour_service = neighbour_service
         self.cfg, self.meta, self.user_ids, self.load_user, self.store = cfg, meta, list(user_ids), load_user, store
         self._hosted = set(self.user_ids)
         self.device_cfg = DeviceSections.from_config(cfg, secret)  # the sections each hosted user reads
+        if neighbour_service is not None:  # deployed: TLS to the service by its own CA file, or no expansion
+            self.device_cfg = dataclasses.replace(self.device_cfg, ca_file=neighbour_ca)
         self.terms = terms
         self.device = device or torch.device("cpu")
         self.model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one copy, shared by the hosted users in turn
@@ -74,6 +79,8 @@ class FedGNNClient(NumPyClient):
         self._check_link(rc)
         self.store.begin_round(rc)
         if rc.phase == PHASE_POPULARITY:
+            if self.cfg.privacy.pseudo_sampler != "popularity" or self.cfg.privacy.mode == "user_dp":
+                raise ValueError("a popularity report is sent only for the popularity-matched sampler of the LDP mode")
             reports = [self._user(u).report_popularity() for u in self.user_ids]
             return frame_users(self.user_ids, [[r] for r in reports], 1), len(reports), {"phase": rc.phase}
         if rc.phase == PHASE_REGISTER:
@@ -109,9 +116,11 @@ class FedGNNClient(NumPyClient):
         if self.cfg.privacy.mode == "user_dp":
             raise ValueError("a user-DP device does no graph expansion; the round's config carries a neighbour-service link")
         if self.neighbour_service is not None and (rc.expansion is None or rc.expansion.address != self.neighbour_service):
-            raise ValueError(f"the server points this device at neighbour service "
-                             f"{rc.expansion.address if rc.expansion else '(none)'!r}; it uses only the one its node config "
-                             f"names (neighbour-service = {self.neighbour_service!r})")
+            raise ValueError("the server points this device at another neighbour service than the one its node config "
+                             "names (neighbour-service)")
+        if self.neighbour_service is not None and not self.device_cfg.ca_file:
+            raise ValueError("this device contacts its neighbour service only over TLS, with the CA file its node "
+                             "config names (neighbour-ca-file)")
 
     def _fit_user_dp(self, parameters, rc: RoundConfig):
         """User-level DP: every hosted user is asked; those that sample themselves contribute their clipped update,
@@ -123,7 +132,8 @@ class FedGNNClient(NumPyClient):
             raise ValueError("a user-DP round on a node without its own privacy terms (clients.privacy_guard.DeviceTerms)")
         weights, table, _ = split_table_download(parameters, self.num_weights)  # every hosted user is asked
         vector = node_update([self._user(u) for u in self.user_ids], weights, table, rc.round, rc,
-                             self.cfg.simulation.user_batch, self.terms.q, self.terms.share_std)
+                             self.cfg.simulation.user_batch, self.terms.q, self.terms.share_std,
+                             cover=self.terms.policy.hides_timing)
         return vector, 1, {"phase": PHASE_TRAIN, "users": len(self.user_ids)}
 
     def _fit_evaluate_sum(self, parameters, rc: RoundConfig):

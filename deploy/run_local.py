@@ -282,7 +282,8 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
                 node_config += f" privacy-mode='{'user_dp' if preset == 'fedgnn_user_dp' else 'ldp'}'"
             if algorithm == "fedgnn":  # the LDP devices: the one neighbour service each may contact, and the
                 # pseudo items they accept (20: the test's 60-item catalogue)
-                node_config += f" neighbour-service='127.0.0.1:{service}' privacy-min-pseudo-items=20"
+                node_config += (f" neighbour-service='127.0.0.1:{service}' neighbour-ca-file='{certs / 'ca.crt'}'"
+                                " privacy-min-pseudo-items=20")
             # only the never-registered node gives up (it is refused at activation); the others retry as long
             # as Flower's default, so a SuperLink slowed by a loaded machine does not lose a device
             give_up = ["--max-retries", "3", "--max-wait-time", "30"] if i == nodes else []

@@ -223,14 +223,17 @@ def fedgnn_client(cfg: AppConfig, context: Context, device: torch.device):
                            Path(str(state_dir)) / "anonymity-sets.json" if state_dir else None)
     secret = device_secret(cfg, context)
     terms = device_terms(context) if cfg.privacy.mode == "user_dp" else None
-    if context.node_config.get("data-path"):  # deployment: this node's own file, nothing else
-        meta, data = load_user_file(str(context.node_config["data-path"]))
-        client = FedGNNClient(cfg, meta, [data.user], lambda u: data, store, device, secret=secret, terms=terms,
-                              neighbour_service=str(context.node_config.get("neighbour-service", "")))
+    nc = context.node_config
+    # a deployed device contacts only the neighbour service its own node config names, over TLS with its own CA file
+    link = ({"neighbour_service": str(nc.get("neighbour-service", "")), "neighbour_ca": str(nc.get("neighbour-ca-file", ""))}
+            if _deployed(nc) else {})
+    if nc.get("data-path"):  # deployment: this node's own file, nothing else
+        meta, data = load_user_file(str(nc["data-path"]))
+        client = FedGNNClient(cfg, meta, [data.user], lambda u: data, store, device, secret=secret, terms=terms, **link)
     else:
         parts = _partitions(_key(context))
-        users = users_of(context.node_config, cfg.simulation.users_per_node, parts.meta.num_users)
-        client = FedGNNClient(cfg, parts.meta, users, parts.user, store, device, secret=secret, terms=terms)
+        users = users_of(nc, cfg.simulation.users_per_node, parts.meta.num_users)
+        client = FedGNNClient(cfg, parts.meta, users, parts.user, store, device, secret=secret, terms=terms, **link)
     return with_faults(client, cfg.faults, cfg.seed).to_client()
 
 
@@ -246,31 +249,40 @@ def optional_secaggplus_mod(msg, context: Context, call_next):
 
 
 def device_guard(msg, context: Context, call_next):
-    """The device's own privacy policy on every FedGNN message: a deployed device takes part only in runs of the
+    """The device's own privacy policy on every message: a deployed FedGNN device takes part only in runs of the
     privacy mode its node config allows (user-level DP unless its operator opts into the paper's LDP), an LDP one
     only at the protection its policy asks (`DevicePolicy.admit_ldp`); in user-DP runs the guard of
-    `clients.privacy_guard` wraps SecAgg+."""
-    from fedrec_flwr.fedgnn.device_policy import DevicePolicy, PolicyRefusal
+    `clients.privacy_guard` wraps SecAgg+. A deployed device (any algorithm) keeps the reason of any failure in its
+    own log: Flower hands an exception's text to the server, and a reason can tell it what the device holds (its
+    spent epsilon, its limits and paths, or, before its coin is known to be used, whether its user sampled itself)."""
+    from fedrec_flwr.fedgnn.device_policy import PolicyRefusal
+
+    try:
+        return _device_policy(msg, context, call_next)
+    except Exception as exc:
+        if not _deployed(context.node_config):
+            raise  # a simulation's server is the experimenter: the reason helps
+        log.warning("declined a %s message: %s: %s", msg.metadata.message_type, type(exc).__name__, exc)
+        if isinstance(exc, PolicyRefusal):
+            raise PolicyRefusal("refused by this device's privacy policy (the reason is in the device's log)") from None
+        raise RuntimeError("this device could not answer (the reason is in the device's log)") from None
+
+
+def _device_policy(msg, context: Context, call_next):
+    """`device_guard`'s checks, then the rest of the ClientApp."""
+    from fedrec_flwr.fedgnn.device_policy import DevicePolicy
 
     cfg = _config(_key(context))
     if cfg.algorithm != "fedgnn":
         return call_next(msg, context)
-    try:
-        if _deployed(context.node_config):
-            policy = DevicePolicy.from_node_config(context.node_config)
-            policy.admit_mode(cfg.privacy.mode)
-            if cfg.privacy.mode != "user_dp":
-                policy.admit_ldp(cfg.privacy)
+    if _deployed(context.node_config):
+        policy = DevicePolicy.from_node_config(context.node_config)
+        policy.admit_mode(cfg.privacy.mode)
         if cfg.privacy.mode != "user_dp":
-            return call_next(msg, context)
-        return _GUARD(msg, context, call_next)
-    except PolicyRefusal as exc:
-        if not _deployed(context.node_config):
-            raise  # a simulation's server is the experimenter: the reason helps
-        # Flower hands an exception's text to the server; a refusal's detail (the ledger's epsilon, this device's
-        # limits) stays in the device's own log
-        log.warning("refused by this device's privacy policy: %s", exc)
-        raise PolicyRefusal("refused by this device's privacy policy (the reason is in the device's log)") from None
+            policy.admit_ldp(cfg.privacy)
+    if cfg.privacy.mode != "user_dp":
+        return call_next(msg, context)
+    return _GUARD(msg, context, call_next)
 
 
 _GUARD = privacy_guard(device_terms)

@@ -196,16 +196,21 @@ def test_the_server_cannot_point_a_device_at_a_neighbour_service_of_its_own(tiny
     cfg = tiny_cfg(f"privacy.mode={mode}")
     parts = UserPartitions(prepare_partitions(cfg.data))
     client = FedGNNClient(cfg, parts.meta, [0], parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET,
-                          neighbour_service="service.example:8765")
+                          neighbour_service="service.example:8765", neighbour_ca="ca.crt")
     evil = ExpansionLink(b"k" * 32, "server.example:1", "run", "secret")
     for rc in (RoundConfig(PHASE_EXPAND_SUBMIT, 2, expansion=evil),
                RoundConfig(PHASE_TRAIN, 3, expansion=evil, refresh_neighbours=True)):
-        why = "does no graph expansion" if mode == "user_dp" else "only the one its node config names"
+        why = "does no graph expansion" if mode == "user_dp" else "than the one its node config names"
         with pytest.raises(ValueError, match=why):
             client.fit([], rc.to_flower())
-    if mode == "ldp":  # the service the device's own config names is used
+    if mode == "ldp":  # the service the device's own config names is used, over TLS with its own CA file only
         own = ExpansionLink(b"k" * 32, "service.example:8765", "run", "secret")
         client._check_link(RoundConfig(PHASE_EXPAND_SUBMIT, 2, expansion=own))
+        assert client.device_cfg.ca_file == "ca.crt"  # not the run config's expansion.ca_file
+        no_ca = FedGNNClient(cfg, parts.meta, [0], parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET,
+                             neighbour_service="service.example:8765")
+        with pytest.raises(ValueError, match="only over TLS"):
+            no_ca._check_link(RoundConfig(PHASE_EXPAND_SUBMIT, 2, expansion=own))
 
 
 def test_registering_a_device_again_gives_the_server_the_same_anonymity_set(tiny_cfg):
@@ -226,6 +231,10 @@ def test_registering_a_device_again_gives_the_server_the_same_anonymity_set(tiny
     first = register(cfg, parts.user(4))
     assert register(tiny_cfg("privacy.pseudo_items=10"), parts.user(4)).tolist() == first.tolist()
     assert register(tiny_cfg("privacy.pseudo_items=60", "seed=5"), parts.user(4)).tolist() == first.tolist()
+    store.states.clear()  # a run whose first message to the device is a training round, not a registration
+    trained_first = FedGNNUser(DeviceSections.from_config(tiny_cfg("privacy.pseudo_items=12")), meta, parts.user(4),
+                               store, model=model)
+    assert trained_first.state.anonymity_ids.tolist() == first.tolist()
     data = parts.user(4)
     new_item = int(np.setdiff1d(np.arange(meta.num_items), first)[0])
     data.test_items = np.append(data.test_items, new_item)  # a rating the committed set does not hold

@@ -242,6 +242,12 @@ def test_the_sum_check_passes_honest_rounds_and_bounds_one_devices_addition_to_w
     assert np.linalg.norm(honest + old_reach * push) <= old_limit  # what passed before
     with pytest.raises(UploadRejected, match="outside"):
         check(honest + old_reach * push)
+    # devices whose own floor is stricter (0.9 of the nodes against the run's 0.8) add smaller shares: an honest sum
+    # the lower side must still accept, given the least noise honest devices can add (all nodes as the floor)
+    strict = _honest_sum(rng, d, int(expected), std * np.sqrt(0.8 / 0.9), False)
+    with pytest.raises(UploadRejected, match="outside"):
+        check(strict)
+    check_sum([strict[:8], strict[8:].reshape(table)], shapes, table, 1.0, std, expected, std * np.sqrt(0.8))
     low, high = sum_norm_bounds(d, users, 1.0, std)
     reach = -(honest @ push) + np.sqrt((honest @ push) ** 2 - honest @ honest + high)
     assert reach < 1.05 * users < 0.8 * old_reach  # a device's whole reach: about the cohort's largest signal
@@ -383,3 +389,40 @@ def test_a_non_finite_download_is_refused_and_a_non_finite_user_adds_nothing(tin
     rmse, mae, weighted = evaluation_metrics([total], 4.0, 10, 2, 0.0)
     assert rmse == pytest.approx(np.sqrt(40.0 / 20), rel=1e-9) and mae == pytest.approx(1.0, rel=1e-9)
     assert weighted == pytest.approx(20.0)
+
+
+def test_a_deployed_device_computes_as_long_whatever_its_coins_say_and_adds_only_its_sampled_users(tiny_cfg):
+    """Reply timing: with cover steps a device runs the local step for every user, sampled or not, so how long it
+    computes does not show its coins (the server controls the step's size, so a fixed deadline alone does not
+    hide them). A cover step adds nothing and keeps nothing: the vector and the stored states equal those of a
+    node that trained only its sampled users."""
+    cfg = tiny_cfg("privacy.mode=user_dp", "model.dropout=0")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
+    device_cfg = DeviceSections.from_config(cfg)
+    outs, stores, trained = [], [], []
+    for cover in (False, True):
+        store = MemoryStore()
+        users = [FedGNNUser(device_cfg, meta, parts.user(u), store) for u in range(8)]
+        computed = []
+        import fedrec_flwr.fedgnn.user_dp as user_dp_module
+        original = user_dp_module.run_local_steps
+
+        def counting(work, *args, **kwargs):
+            computed.append(len(work))
+            return original(work, *args, **kwargs)
+
+        user_dp_module.run_local_steps = counting
+        try:
+            outs.append(node_update(users, server.model_weights(), server.table(), 3, None, 8, 0.5, 0.0, cover=cover))
+        finally:
+            user_dp_module.run_local_steps = original
+        stores.append({u: st.embedding.copy() for u, st in store.states.items()})
+        trained.append(computed[0])
+    assert trained[1] == 8 and trained[0] < 8  # cover: every user computes; without: only the sampled ones
+    for a, b in zip(*outs):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert stores[0].keys() == stores[1].keys()  # only sampled users keep a new state
+    for u in stores[0]:  # batched with other users: the same arithmetic up to float32 reassociation
+        np.testing.assert_allclose(stores[0][u], stores[1][u], rtol=1e-5, atol=1e-7)

@@ -109,6 +109,13 @@ class DevicePolicy:
                                         "0 <= reply seconds <= 3600)")
         return self
 
+    @property
+    def hides_timing(self) -> bool:
+        """Whether the device hides how long it computes (a deployed device): it holds each masked vector until
+        `reply_seconds` after the request and runs a cover step for every user that did not sample itself, so
+        neither its coins nor, within the deadline, its data show in when it answers."""
+        return self.reply_seconds > 0
+
     def floor_nodes(self, run_nodes: int) -> int:
         """K: the fewest nodes a secure sum may have, for a run of `run_nodes` nodes (`floor_nodes`)."""
         return floor_nodes(self.min_node_fraction, run_nodes, self.min_nodes)
@@ -132,13 +139,13 @@ class DevicePolicy:
         if eps > self.max_ldp_epsilon * (1 + 1e-9):
             raise PolicyRefusal(f"the run asks for LDP epsilon {eps:.4g} per coordinate, above this device's "
                                 f"{self.max_ldp_epsilon:.4g}")
+        if privacy.popularity_epsilon > self.max_popularity_epsilon * (1 + 1e-9):  # whatever the sampler
+            raise PolicyRefusal(f"the run asks for popularity reports at epsilon {privacy.popularity_epsilon:.4g}, "
+                                f"above this device's {self.max_popularity_epsilon:.4g}")
         if privacy.pseudo_sampler == "popularity":
             if privacy.pseudo_ratio < self.min_pseudo_ratio:
                 raise PolicyRefusal(f"the run asks for {privacy.pseudo_ratio} pseudo items per own item, below this "
                                     f"device's {self.min_pseudo_ratio}")
-            if privacy.popularity_epsilon > self.max_popularity_epsilon * (1 + 1e-9):
-                raise PolicyRefusal(f"the run asks for popularity reports at epsilon {privacy.popularity_epsilon:.4g}, "
-                                    f"above this device's {self.max_popularity_epsilon:.4g}")
         elif privacy.pseudo_items < self.min_pseudo_items:
             raise PolicyRefusal(f"the run asks for {privacy.pseudo_items} pseudo items, below this device's "
                                 f"{self.min_pseudo_items}")

@@ -352,8 +352,11 @@ class FedGNNRounds:
             sigma = self.charged_multiplier(nodes)
             self.user_dp.record_round(sigma)  # released (and so spent) whether or not it passes the check
             try:
+                # a device may size its share for a stricter floor than the run's, at most every node of the run
+                least = self.user_dp.sigma * math.sqrt(nodes / max(self.bindings.run_nodes, 1)) * self.privacy.clip_norm
                 *model, table = check_sum(summed, self.server.model_shapes, (self.server.num_items, self.server.dim),
-                                          self.privacy.clip_norm, sigma * self.privacy.clip_norm, self.expected_users())
+                                          self.privacy.clip_norm, sigma * self.privacy.clip_norm, self.expected_users(),
+                                          least)
                 applied = reporting_users >= self.federation.min_clients
             except UploadRejected as exc:
                 self.reject(logical_round, f"aggregate refused: {exc}")

@@ -266,10 +266,26 @@ class FedGNNUser:
 
     @property
     def state(self) -> UserState:
-        """The user's state: stored, or drawn now (the uniform sampler needs nothing from the server)."""
+        """The user's state: stored, or drawn now (the uniform sampler needs nothing from the server), its anonymity
+        set the one this device committed to (`_committed_state`)."""
         if self._state is None:
-            self._state = init_user_state(self.cfg, self.meta, self.data)
+            self._state = self._committed_state(None)
         return self._state
+
+    def _committed_state(self, popularity: np.ndarray | None) -> UserState:
+        """A fresh state whose anonymity set is the one this device committed to first (any run, any phase that
+        draws it: registration or a training message that comes first): that set again, or (new ratings outside
+        it) that set joined with a fresh draw; a first draw is committed now. A server that changes the published
+        popularity or the pseudo-item settings between runs, and intersects the sets, learns nothing new."""
+        st = init_user_state(self.cfg, self.meta, self.data, popularity)
+        if not st.anonymity_ids.size:  # user-level DP: no anonymity set
+            return st
+        committed = self.store.committed_set(self.user)
+        if committed is not None:
+            keep = np.isin(own_items(self.data), committed).all()
+            st.anonymity_ids = committed if keep else np.union1d(committed, st.anonymity_ids).astype(np.int64)
+        self.store.commit_set(self.user, st.anonymity_ids)
+        return st
 
     @state.setter
     def state(self, st: UserState) -> None:
@@ -320,14 +336,7 @@ class FedGNNUser:
         and intersects the sets learns nothing more than the first set told it.
         """
         if self._state is None:
-            st = init_user_state(self.cfg, self.meta, self.data, popularity)
-            committed = self.store.committed_set(self.user) if st.anonymity_ids.size else None
-            if committed is not None:
-                keep = np.isin(own_items(self.data), committed).all()
-                st.anonymity_ids = committed if keep else np.union1d(committed, st.anonymity_ids).astype(np.int64)
-            if st.anonymity_ids.size:
-                self.store.commit_set(self.user, st.anonymity_ids)
-            self._state = st
+            self._state = self._committed_state(popularity)
         self.store.save(self.user, self.state)
         return self.state.anonymity_ids.astype(np.int32)
 

@@ -32,6 +32,7 @@ from fedrec_flwr.fedgnn.local_step import StepBatch, run_local_steps
 from fedrec_flwr.fedgnn.protocol import RoundConfig, UploadRejected
 from fedrec_flwr.fedgnn.user import FedGNNUser, check_download, user_rng
 from fedrec_flwr.metrics import ErrorSums
+from fedrec_flwr.models.rating_gnn import row_width
 from fedrec_flwr.privacy.device_secret import DeviceSecret
 
 # a user's streams for its sampling coin, and (first user of a node) the node's noise on its update and evaluation
@@ -70,11 +71,13 @@ class NodeSum:
         self.table = torch.zeros((num_items, width), device=device)
         self.clip_norm, self.device = clip_norm, device
 
-    def add(self, steps: StepBatch, items: list[np.ndarray]) -> None:
+    def add(self, steps: StepBatch, items: list[np.ndarray], include: list[bool] | None = None) -> None:
         """Clip each user's update of `steps` to L2 norm C and add it (`items[k]`: user k's rated item ids, the order
-        of its real rows)."""
+        of its real rows); `include[k]` False: user k's step was computed as cover only and adds nothing."""
         norms = update_norms(steps)
         scale = torch.clamp(self.clip_norm / torch.clamp(norms, min=1e-12), max=1.0).float()
+        if include is not None:
+            scale = scale * torch.tensor([float(x) for x in include], device=scale.device)
         # a user whose update is not finite adds nothing (NaN * 0 is NaN, so its gradients are replaced, not scaled)
         finite = torch.isfinite(norms)
         scale = torch.where(finite, scale, torch.zeros_like(scale))
@@ -98,25 +101,44 @@ class NodeSum:
 
 
 def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.ndarray, server_round: int,
-                round_config: RoundConfig | None, batch: int, q: float, noise_std: float) -> list[np.ndarray]:
+                round_config: RoundConfig | None, batch: int, q: float, noise_std: float,
+                cover: bool = False) -> list[np.ndarray]:
     """What one node sends in a user-DP training round: its sampled users' clipped updates summed (each user's coin
     of probability `q`), plus the node's noise share N(0, noise_std^2) per coordinate (`NodeSum`), drawn from the
-    secure stream of its first user. The device computes q and the share itself (`device_policy.DeviceLimits`)."""
+    secure stream of its first user. The device computes q and the share itself (`device_policy.DeviceLimits`).
+    `cover` (a deployed device): users that did not sample themselves run the same local step and discard it, so
+    the device computes as long whatever its coins say, and no reply time shows them."""
     cfg = users[0].cfg
     check_download([*weights, table])  # before any coin or user's data: a refusal then reveals nothing
+    check_download_shapes(users[0], weights, table)
     node = NodeSum([tuple(np.shape(w)) for w in weights], table.shape[0], table.shape[1], cfg.privacy.clip_norm,
                    users[0].device)
-    sampled = [u for u in users if samples_itself(cfg.secret, u.user, server_round, q, u.round_key(server_round)[1])]
+    coins = [samples_itself(cfg.secret, u.user, server_round, q, u.round_key(server_round)[1]) for u in users]
+    work = users if cover else [u for u, c in zip(users, coins) if c]
+    counts = coins if cover else [True] * len(work)
 
     def add_group(group: list[int], steps: StepBatch, rngs: list[np.random.Generator]) -> None:
-        node.add(steps, [sampled[k].data.train_items for k in group])
+        node.add(steps, [work[k].data.train_items for k in group], [counts[k] for k in group])
         for k, emb, off in zip(group, steps.embeddings, steps.offsets):
-            if np.isfinite(emb).all() and np.isfinite(off):  # a step a crafted download overflowed keeps the old state
-                sampled[k].finish_train(emb, float(off), server_round)
+            # a cover step keeps nothing; a step a crafted download overflowed keeps the old state
+            if counts[k] and np.isfinite(emb).all() and np.isfinite(off):
+                work[k].finish_train(emb, float(off), server_round)
 
-    run_local_steps(sampled, weights, [table] * len(sampled), server_round, round_config, batch, add_group)
+    run_local_steps(work, weights, [table] * len(work), server_round, round_config, batch, add_group)
     first = min(users, key=lambda u: u.user)
     return node.noised(noise_std, first.stream(NOISE_STREAM, server_round))
+
+
+def check_download_shapes(user: FedGNNUser, weights: list[np.ndarray], table: np.ndarray) -> None:
+    """ValueError unless the download has the model's shapes and the whole table's: checked before any coin is drawn,
+    so a malformed download is refused by every device alike, whether its users sampled themselves or not."""
+    expected = [tuple(p.shape) for p in user.model.parameters()]
+    got = [tuple(np.shape(w)) for w in weights]
+    if got != expected and got != [e or (1,) for e in expected]:
+        raise ValueError(f"the download's model arrays have shapes {got[:4]}..., expected {expected[:4]}...")
+    want = (user.meta.num_items, row_width(user.cfg.model))
+    if np.shape(table) != want:
+        raise ValueError(f"the download's item table has shape {np.shape(table)}, expected {want}")
 
 
 def evaluation_vector(sums: ErrorSums, error_clip: float, max_ratings: int) -> np.ndarray:
@@ -186,26 +208,31 @@ def secagg_quantization_range(nodes: int, modulus: int = 2**32) -> int:
     return q
 
 
-def sum_norm_bounds(coordinates: int, users: float, clip_norm: float, noise_std: float) -> tuple[float, float]:
+def sum_norm_bounds(coordinates: int, users: float, clip_norm: float, noise_std: float,
+                    least_noise_std: float | None = None) -> tuple[float, float]:
     """(low, high): the squared L2 norm an honest user-DP sum S + Z lies within, except with probability below
     e^-TAIL_LOG per side. S is at most `users` clipped updates (|S| <= U C) and Z ~ N(0, noise_std^2 I_d):
     |S + Z|^2 = |S|^2 + 2 <S, Z> + |Z|^2, with <S, Z> ~ N(0, |S|^2 s^2) within TAIL_Z of its deviation and
     |Z|^2 / s^2 a chi-square of d degrees within Laurent and Massart's (2000) bounds d +- 2 sqrt(d x) (+ 2x).
     Because the noise's norm concentrates (its relative spread is 1 / sqrt(2d)), a sum scaled by other nodes'
-    forged SecAgg+ weights, or one carrying much more than U C of extra signal, falls outside."""
+    forged SecAgg+ weights, or one carrying much more than U C of extra signal, falls outside. `least_noise_std`:
+    the least noise honest devices can add (a device whose own floor is stricter than the run's adds a smaller
+    share), which sets the lower side; the run's `noise_std` by default."""
     d, x, z, s = float(coordinates), TAIL_LOG, TAIL_Z, noise_std
     signal = users * clip_norm
     high = signal**2 + 2.0 * z * signal * s + s**2 * (d + 2.0 * math.sqrt(d * x) + 2.0 * x)
     # min over |S| = t of t^2 - 2 z t s is -z^2 s^2: the signal can cancel at most that much of the noise's norm
-    low = max(s**2 * (d - 2.0 * math.sqrt(d * x)) - (z * s) ** 2, 0.0)
+    least = noise_std if least_noise_std is None else min(least_noise_std, noise_std)
+    low = max(least**2 * (d - 2.0 * math.sqrt(d * x)) - (z * least) ** 2, 0.0)
     return low, high
 
 
 def check_sum(arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], table_shape: tuple[int, int],
-              clip_norm: float, noise_std: float, expected_users: float) -> list[np.ndarray]:
+              clip_norm: float, noise_std: float, expected_users: float,
+              least_noise_std: float | None = None) -> list[np.ndarray]:
     """The unmasked sum of a user-DP round as float32 arrays, or UploadRejected when no honest round could give it:
     wrong arrays or shapes, non-finite values, or a squared L2 norm outside `sum_norm_bounds` for the sampled users
-    (at most C each, their count far into its Poisson tail) and the round's noise."""
+    (at most C each, their count far into its Poisson tail) and the round's noise (at least `least_noise_std`)."""
     shapes = [*model_shapes, table_shape]
     if len(arrays) != len(shapes):
         raise UploadRejected(f"the aggregate has {len(arrays)} arrays, expected {len(shapes)} (model, item table)")
@@ -221,7 +248,7 @@ def check_sum(arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], tab
         out.append(a.reshape(shape))
     squared = math.fsum(float(np.square(a, dtype=np.float64).sum()) for a in out)
     users = sample_count_bound(expected_users)
-    low, high = sum_norm_bounds(sum(a.size for a in out), users, clip_norm, noise_std)
+    low, high = sum_norm_bounds(sum(a.size for a in out), users, clip_norm, noise_std, least_noise_std)
     if not low <= squared <= high:
         raise UploadRejected(f"the aggregate's L2 norm {math.sqrt(squared):.6g} is outside the [{math.sqrt(low):.6g}, "
                              f"{math.sqrt(high):.6g}] that ~{users:.0f} clipped updates (C = {clip_norm:g}) and the "
