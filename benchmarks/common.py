@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import time
 from datetime import date
-from pathlib import Path
 from typing import Sequence
 
 from fedrec_flwr.sweep import fedrec_run as fedrec_run  # one `fedrec run` call in this process (re-exported)
+from fedrec_flwr.sweep import results_file as results_file  # where a rerun writes (re-exported)
 
 DATA_DIR = "data"
 
@@ -28,21 +28,6 @@ def add_resume(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--resume", action="store_true",
                     help="continue the --out file (skip its finished cells); without it an existing file is left "
                          "alone and the run writes a fresh one beside it")
-
-
-def results_file(path: Path, resume: bool) -> Path:
-    """Where a benchmark writes: `path` when resuming it or when it does not exist yet; otherwise a fresh file beside
-    it, `<stem>-<date>[-n].json`, so that a rerun of a documented command reruns every cell and never rewrites a
-    committed record (printed, so the user knows where the numbers went)."""
-    if resume or not path.exists():
-        return path
-    stem, n = f"{path.stem}-{date.today().isoformat()}", 0
-    fresh = path.with_name(f"{stem}{path.suffix}")
-    while fresh.exists():
-        n += 1
-        fresh = path.with_name(f"{stem}-{n}{path.suffix}")
-    print(f"[benchmark] {path} exists (pass --resume to continue it): writing {fresh}", flush=True)
-    return fresh
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -80,3 +80,18 @@ def run_record(res: dict) -> dict:
     if res.get("privacy"):
         record["privacy"] = res["privacy"]
     return record
+
+
+def results_file(path: Path, resume: bool) -> Path:
+    """Where a benchmark writes: `path` when resuming it or when it does not exist yet; otherwise a fresh file beside
+    it, `<stem>-<date>[-n].json`, so that a rerun of a documented command reruns every cell and never rewrites a
+    committed record (printed, so the user knows where the numbers went)."""
+    if resume or not path.exists():
+        return path
+    stem, n = f"{path.stem}-{date.today().isoformat()}", 0
+    fresh = path.with_name(f"{stem}{path.suffix}")
+    while fresh.exists():
+        n += 1
+        fresh = path.with_name(f"{stem}-{n}{path.suffix}")
+    print(f"[benchmark] {path} exists (pass --resume to continue it): writing {fresh}", flush=True)
+    return fresh

@@ -136,7 +136,7 @@ def test_baselines_summary_and_plot(tmp_path, capsys, monkeypatch):
 def test_a_benchmark_rerun_writes_a_fresh_file_unless_told_to_resume(tmp_path):
     """A documented benchmark command reruns every cell into a fresh file beside the committed record; only
     --resume continues (and rewrites) the named file."""
-    from benchmarks.common import results_file
+    from fedrec_flwr.sweep import results_file
 
     committed = tmp_path / "fppdm_table.json"
     assert results_file(committed, resume=False) == committed  # nothing there yet: the named file
