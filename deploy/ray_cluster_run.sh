@@ -45,5 +45,6 @@ ray.shutdown()
 EOF
 )
 echo "ray_cluster_run.sh: cluster at $RAY_ADDRESS: $nodes (nodes, CPUs)"
+export FEDREC_CLUSTER_CPUS="${nodes#* }"  # fedrec run's default sizing: one SuperNode per CPU of the cluster
 "$PY" -m fedrec_flwr.local_superlink || true  # our local SuperLink started before would ignore RAY_ADDRESS
 "$PY" -m fedrec_flwr.cli run "$@"

@@ -11,8 +11,10 @@ def auto_nodes(num_users: int, simulation) -> int:
     """The SuperNodes `fedrec run` starts when `simulation.users_per_node` is 0 (auto): one per ClientApp the
     simulation runs at once (the cores over `simulation.num_cpus`, and with `num_gpus` > 0 the visible GPUs over
     it), at most one per user. Each node then trains its sampled users as one batch, and every worker has a
-    node: more nodes would only add Flower's per-message cost, fewer would leave cores idle."""
-    workers = max(1, int((os.cpu_count() or 1) / max(simulation.num_cpus, 1e-9)))
+    node: more nodes would only add Flower's per-message cost, fewer would leave cores idle. On a Ray cluster the
+    cores are the cluster's: `$FEDREC_CLUSTER_CPUS` (deploy/ray_cluster_run.sh sets it) stands for this machine's."""
+    cpus = int(os.environ.get("FEDREC_CLUSTER_CPUS") or 0) or os.cpu_count() or 1
+    workers = max(1, int(cpus / max(simulation.num_cpus, 1e-9)))
     if simulation.num_gpus > 0:
         import torch
 

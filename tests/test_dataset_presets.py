@@ -281,3 +281,15 @@ def test_flixster_through_the_benchmark_driver(tmp_path, capsys, monkeypatch, tr
     _check_every_test_rating_scored(doc, load_config("fedgnn_tuned", "flixster", [f"data.data_dir={tmp_path / 'data'}"]))
     phases = [r.get("phase") for r in doc["rounds"]]  # popularity-proof sets: a round of LDP item reports first
     assert phases[:2] == ["popularity", "register"] and doc["rounds"][1]["accepted"] == ALL_USERS
+
+
+def test_the_default_sizing_starts_one_supernode_per_worker_and_no_more_than_the_users(monkeypatch):
+    """users_per_node 0: one SuperNode per ClientApp the simulation runs at once (this machine's cores, or a Ray
+    cluster's, over simulation.num_cpus), at most one per user."""
+    sim = load_config("quickstart").simulation
+    monkeypatch.setenv("FEDREC_CLUSTER_CPUS", "48")
+    assert auto_nodes(10_000, sim) == 48 and auto_nodes(30, sim) == 30
+    sim.num_cpus = 2.0
+    assert auto_nodes(10_000, sim) == 24
+    monkeypatch.delenv("FEDREC_CLUSTER_CPUS")
+    assert auto_nodes(10_000, sim) == max(1, (os.cpu_count() or 1) // 2)
