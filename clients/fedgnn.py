@@ -9,7 +9,6 @@ its own separately protected gradients (see `fedrec_flwr.fedgnn.protocol` for th
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Callable
 
 import numpy as np

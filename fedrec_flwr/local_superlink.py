@@ -1,8 +1,8 @@
 """Stop the local SuperLink that `flwr run . local` started for this user, and nothing else.
 
 `flwr run` hands a simulation to a background SuperLink it starts once per Flower home (`$FLWR_HOME`, default
-~/.flwr) and leaves running; it keeps the environment it was started with. Stopping it by name (`pkill -f
-flower-superlink`) would also end other users' SuperLinks and other Flower homes' runs on a shared machine. This
+~/.flwr) and leaves running; it keeps the environment it was started with. Stopping every process named
+flower-superlink would also end other users' SuperLinks and other Flower homes' runs on a shared machine. This
 finds the processes by id instead: owned by this user, a `flower-superlink` whose log file is this Flower home's
 local SuperLink log, and terminates those (then kills any that outlive a grace period).
 
