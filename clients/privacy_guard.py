@@ -21,7 +21,6 @@ link are refused. A refusal raises
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import time
@@ -44,7 +43,7 @@ from fedrec_flwr.fedgnn.device_policy import (
     share_std,
 )
 from fedrec_flwr.fedgnn.protocol import PHASE_EVALUATE_SUM, PHASE_REGISTER, PHASE_TRAIN
-from fedrec_flwr.fsutil import atomic_write
+from fedrec_flwr.fsutil import atomic_write, exclusive_lock
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +117,8 @@ def ledger_lock(terms: DeviceTerms):
     if terms.ledger_file is None:
         yield
         return
-    terms.ledger_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(terms.ledger_file.with_suffix(".lock"), "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with exclusive_lock(terms.ledger_file.with_suffix(".lock")):
+        yield
 
 
 def _recorded(context: Context, key: str, default=None):

@@ -3,7 +3,6 @@ device's disk when runs must survive a restart. Never sent to the recommendation
 
 from __future__ import annotations
 
-import fcntl
 import io
 import json
 import re
@@ -14,7 +13,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedrec_flwr.fedgnn.state import UserState, decode_state, encode_state
-from fedrec_flwr.fsutil import atomic_write
+from fedrec_flwr.fsutil import atomic_write, exclusive_lock
 
 
 def _pack(st: UserState) -> list[np.ndarray]:
@@ -118,53 +117,35 @@ class NodeStateStore:
         the draw is used): two runs the server interleaves on one device, or two processes, never get the same
         attempt, so never the same coins or noise. Otherwise the node state counts for the run."""
         key = f"{user}:{server_round}"
-        if self.draws_file is not None:
-            with _locked(self.draws_file.with_name(self.draws_file.name + ".lock")):
-                counts = json.loads(self.draws_file.read_text()) if self.draws_file.is_file() else {}
-                seen = int(counts.get(key, 0))
-                counts[key] = seen + 1
-                atomic_write(self.draws_file, json.dumps(counts).encode())
-            return seen
-        rec = self.state.config_records.get(_DRAWS_KEY) or ConfigRecord({})
-        seen = int(rec.get(key, 0))
-        rec[key] = seen + 1
-        self.state.config_records[_DRAWS_KEY] = rec
+        with self._record(self.draws_file, _DRAWS_KEY) as counts:
+            seen = int(counts.get(key, 0))
+            counts[key] = seen + 1
         return seen
-
 
     def committed_set(self, user: int) -> np.ndarray | None:
         """The anonymity set `user` committed to on this device: from `sets_file` (any run), else this run's."""
-        if self.sets_file is not None:
-            sets = json.loads(self.sets_file.read_text()) if self.sets_file.is_file() else {}
+        with self._record(self.sets_file, _SETS_KEY) as sets:
             ids = sets.get(str(user))
-        else:
-            rec = self.state.config_records.get(_SETS_KEY)
-            ids = None if rec is None or str(user) not in rec else list(rec[str(user)])
-        return None if ids is None else np.asarray(ids, np.int64)
+        return None if ids is None else np.asarray(list(ids), np.int64)
 
     def commit_set(self, user: int, ids: np.ndarray) -> None:
         """Keep `user`'s anonymity set (on the device's disk where it has one, under a lock)."""
-        ids = [int(i) for i in np.asarray(ids).ravel()]
-        if self.sets_file is not None:
-            with _locked(self.sets_file.with_name(self.sets_file.name + ".lock")):
-                sets = json.loads(self.sets_file.read_text()) if self.sets_file.is_file() else {}
-                sets[str(user)] = ids
-                atomic_write(self.sets_file, json.dumps(sets).encode())
+        with self._record(self.sets_file, _SETS_KEY) as sets:
+            sets[str(user)] = [int(i) for i in np.asarray(ids).ravel()]
+
+    @contextmanager
+    def _record(self, path: Path | None, key: str):
+        """A dict to read and update: the JSON file `path` under an exclusive lock where the device has a disk (the
+        one record across runs and processes), else the node state's `key` record (this run's); written back after."""
+        if path is not None:
+            with exclusive_lock(path.with_name(path.name + ".lock")):
+                record = json.loads(path.read_text()) if path.is_file() else {}
+                yield record
+                atomic_write(path, json.dumps(record).encode())
             return
-        rec = self.state.config_records.get(_SETS_KEY) or ConfigRecord({})
-        rec[str(user)] = ids
-        self.state.config_records[_SETS_KEY] = rec
-
-
-@contextmanager
-def _locked(lock: Path):
-    """An exclusive lock on `lock` (created if missing) for a read-modify-write."""
-    with open(lock, "a+") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        record = dict(self.state.config_records.get(key) or {})
+        yield record
+        self.state.config_records[key] = ConfigRecord(record)
 
 
 _DRAWS_KEY = "fedgnn.draws"  # user:round -> draws made for that round (NodeStateStore.draw_attempt)

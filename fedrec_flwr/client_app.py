@@ -214,16 +214,16 @@ def fedgnn_client(cfg: AppConfig, context: Context, device: torch.device):
     from clients.faults import with_faults
     from clients.fedgnn import FedGNNClient
 
-    state_dir = context.node_config.get("state-dir")
-    if _deployed(context.node_config) and not state_dir:
+    nc = context.node_config
+    state_dir = nc.get("state-dir")
+    if _deployed(nc) and not state_dir:
         raise ValueError("a deployed FedGNN device needs a state-dir (node config): its secret, draw counts and "
                          "committed anonymity set must outlive a run, or a server that runs it again gets fresh ones")
-    store = NodeStateStore(context.state, state_files(cfg, context.node_config),
+    store = NodeStateStore(context.state, state_files(cfg, nc),
                            Path(str(state_dir)) / "draws.json" if state_dir else None,
                            Path(str(state_dir)) / "anonymity-sets.json" if state_dir else None)
     secret = device_secret(cfg, context)
     terms = device_terms(context) if cfg.privacy.mode == "user_dp" else None
-    nc = context.node_config
     # a deployed device contacts only the neighbour service its own node config names, over TLS with its own CA file
     link = ({"neighbour_service": str(nc.get("neighbour-service", "")), "neighbour_ca": str(nc.get("neighbour-ca-file", ""))}
             if _deployed(nc) else {})

@@ -121,6 +121,21 @@ def _in_use(what: str, folder: Path, holder: int | None, path: Path) -> FolderEr
 
 
 @contextmanager
+def exclusive_lock(lock: Path) -> Iterator[None]:
+    """Wait for an exclusive advisory lock on the file `lock` (created, with its folder, if missing) and hold it for
+    a read-modify-write that another process may be doing at the same time."""
+    import fcntl
+
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextmanager
 def folder_lock(folder: Path | str, what: str = "output folder") -> Iterator[Path]:
     """Hold `folder` (created and checked writable) for one run: an advisory lock file `.fedrec.lock` holding
     this process's pid, refused with a FolderError while another live run holds it, removed at exit.

@@ -61,10 +61,10 @@ class DevicePolicy:
     def from_node_config(cls, node_config) -> "DevicePolicy":
         """A deployed device's policy: node-config keys `privacy-max-epsilon`, `privacy-delta`,
         `privacy-min-noise-multiplier`, `privacy-max-clip-norm`, `privacy-min-nodes`, `privacy-min-node-fraction`,
-        `privacy-reply-seconds`, `privacy-mode`, and for LDP devices `privacy-max-ldp-epsilon`,
-        `privacy-max-popularity-epsilon`, `privacy-min-pseudo-items` and `privacy-min-pseudo-ratio` (`user_dp` unless the operator opts the device into the paper's `ldp`, which promises no
-        per-user guarantee) (each optional; `SAFE_DEFAULTS` otherwise). A value out of range raises
-        DevicePolicyError naming it."""
+        `privacy-reply-seconds`, `privacy-mode` (`user_dp` unless the operator opts the device into the paper's
+        `ldp`, which promises no per-user guarantee), and for LDP devices `privacy-max-ldp-epsilon`,
+        `privacy-max-popularity-epsilon`, `privacy-min-pseudo-items` and `privacy-min-pseudo-ratio` (each optional;
+        `SAFE_DEFAULTS` otherwise). A value out of range raises DevicePolicyError naming it."""
         values = {}
         for f in fields(cls):
             if f.name == "min_threshold":

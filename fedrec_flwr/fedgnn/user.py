@@ -329,11 +329,8 @@ class FedGNNUser:
         """The anonymity set this user will upload rows for (item ids only; int32 halves the message).
 
         A user registering for the first time draws its set now, from the `popularity` the server
-        published when the sampler needs it; a stored user (a resumed run) keeps the set it had. The device
-        commits to the first set it ever registered (`UserStore.commit_set`, on its disk in a deployment): a
-        later run gets that set again, or (new ratings outside it) that set joined with a fresh draw, so a
-        server that registers the device again under another published popularity or pseudo-item setting
-        and intersects the sets learns nothing more than the first set told it.
+        published when the sampler needs it, within the set this device committed to (`_committed_state`); a
+        stored user (a resumed run) keeps the set it had.
         """
         if self._state is None:
             self._state = self._committed_state(popularity)

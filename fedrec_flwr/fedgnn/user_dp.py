@@ -84,7 +84,7 @@ class NodeSum:
         for acc, g in zip(self.model, steps.model_grads):
             acc += torch.tensordot(scale, torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0), dims=([0], [0]))
         for k, ids in enumerate(items):
-            if ids.size and bool(finite[k]):
+            if ids.size and bool(scale[k] > 0):  # not a cover step, nor a non-finite update
                 self.table.index_add_(0, torch.from_numpy(ids).to(self.device), steps.rows[k, : ids.size] * scale[k])
 
     def noised(self, std: float, rng: np.random.Generator) -> list[np.ndarray]:
