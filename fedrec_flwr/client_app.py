@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -173,12 +175,34 @@ def _user_file(path: str):
     return load_user_file(path)
 
 
+CLIENT_LOG_LEVEL = "FEDREC_CLIENT_LOG_LEVEL"  # the ClientApp processes' log level (default WARNING)
+
+
 def client_fn(context: Context):
     """Build the client of the users (or domain) this node serves, for the configured algorithm."""
     torch.set_num_threads(1)
-    configure_console_logging(logging.WARNING)
+    configure_console_logging(_client_log_level())
     cfg = _config(_key(context))
+    ray_node = _ray_node_id()
+    if ray_node:  # a simulation's Ray actor: which cluster node ran which SuperNode, in that node's Ray logs
+        log.info("ClientApp of node %s on Ray node %s", context.node_id, ray_node)
     return get_algorithm(cfg.algorithm).part("client")(cfg, context, client_device(cfg))
+
+
+def _client_log_level() -> int:
+    """The level from $FEDREC_CLIENT_LOG_LEVEL (a name such as INFO), WARNING when unset or unknown: an
+    operator's switch for a device's own log, which stays on the device (a Ray node's worker logs in a
+    simulation)."""
+    level = logging.getLevelName(os.environ.get(CLIENT_LOG_LEVEL, "WARNING").upper())
+    return level if isinstance(level, int) else logging.WARNING
+
+
+def _ray_node_id() -> str | None:
+    """The Ray node this ClientApp runs on, when it runs in a Ray actor of a simulation (never imports Ray)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    return ray.get_runtime_context().get_node_id()
 
 
 def _key(context: Context) -> tuple:

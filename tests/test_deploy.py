@@ -1,20 +1,29 @@
-"""The deployment test: a real SuperLink with TLS and SuperNode auth, SuperNodes, the neighbour service.
+"""The deployment tests: a real SuperLink with TLS and SuperNode auth, SuperNodes, the neighbour service;
+and a simulation on a two-node Ray cluster on loopback through deploy/ray_cluster_run.sh.
 
 6-8 minutes on 2 cores (FedGNN under LDP, FedGNN under user-level DP with SecAgg+, and FPPDM deploy at
 the same time, one training round each, each `flwr run` allowed 15 minutes; deploy/run_local.py prints one
-line per step with its wall time, shown here on failure), so it runs under `make deploy-test`
-(FEDREC_DEPLOY_TEST=1), which CI calls after the main suite; plain `make test` skips it.
+line per step with its wall time, shown here on failure; the Ray cluster case about 1 minute), so they run
+under `make deploy-test` (FEDREC_DEPLOY_TEST=1), which CI calls after the main suite; plain `make test`
+skips them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
+
+from tests.conftest import fixed_secrets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,3 +59,49 @@ def test_fedgnn_user_dp_and_fppdm_on_a_real_superlink_with_authenticated_superno
     assert summary["fedgnn_user_dp"]["impostor_refused"] and summary["fedgnn_user_dp"]["rogue_node_refused"]
     fppdm = json.loads(Path(summary["fppdm"]["results_file"]).read_text())
     assert fppdm["rounds"][0]["clients"] == 3 and 0 <= fppdm["final"]["hr@10"] <= 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(os.environ.get("FEDREC_DEPLOY_TEST") != "1", reason="deployment test: run `make deploy-test`")
+def test_ray_cluster_script_runs_clientapps_on_both_nodes_matches_a_plain_run_and_stops_only_its_own(tmp_path, request):
+    """deploy/ray_cluster_run.sh --local-cluster, as docs/deployment.md gives it: two Ray nodes on loopback."""
+    run_args = ["--preset", "quickstart", "--device-secrets", str(fixed_secrets(tmp_path)), "--set",
+                "federation.rounds=2", "federation.eval_every=2", "simulation.users_per_node=150"]
+    plain_home = tmp_path / "plain-flwr-home"
+    env = {**os.environ, "FLWR_HOME": str(plain_home)}  # a Flower home of its own: its SuperLink is ours to stop
+    try:
+        plain = subprocess.run([str(ROOT / ".venv" / "bin" / "fedrec"), "run", *run_args, "--out", str(tmp_path / "plain")],
+                               env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    finally:
+        subprocess.run([sys.executable, "-m", "fedrec_flwr.local_superlink"], env=env, cwd=ROOT, timeout=60, check=False)
+    assert plain.returncode == 0, plain.stdout[-2000:] + plain.stderr[-2000:]
+
+    work = Path(tempfile.mkdtemp(prefix="fr-", dir="/tmp"))  # short: Ray's socket paths live under it
+    request.addfinalizer(lambda: shutil.rmtree(work, ignore_errors=True))
+    env = {**os.environ, "FEDREC_RAY_WORK": str(work), "RAY_PORT": str(_free_port())}
+    cluster = subprocess.run([str(ROOT / "deploy" / "ray_cluster_run.sh"), "--local-cluster", *run_args,
+                              "--out", str(tmp_path / "cluster")], env=env, cwd=ROOT, capture_output=True, text=True,
+                             timeout=900)
+    assert cluster.returncode == 0, cluster.stdout[-3000:] + cluster.stderr[-3000:]
+    assert "2 nodes" in cluster.stdout, cluster.stdout[-2000:]
+    # each ClientApp logs the Ray node it ran on into that node's worker logs: both nodes served SuperNodes
+    logs = "".join(p.read_text(errors="replace") for p in (work / "ray").glob("session_*/logs/worker-*.err"))
+    assert len(set(re.findall(r"on Ray node ([0-9a-f]+)", logs))) == 2, logs[-2000:]
+    finals = [json.loads((tmp_path / name / "results.json").read_text())["final"] for name in ("plain", "cluster")]
+    assert finals[0]["test_ratings"] == finals[1]["test_ratings"] == finals[0]["eval_ratings"]
+    assert finals[1]["rmse"] == pytest.approx(finals[0]["rmse"], rel=1e-9, abs=1e-12)  # same devices, same draws
+    # the script stopped what it started (its SuperLink, both Ray nodes and their workers), and only that
+    left = []
+    for proc in psutil.process_iter(["pid", "cmdline", "environ"]):
+        try:
+            cmd, environ = " ".join(proc.info.get("cmdline") or []), proc.info.get("environ") or {}
+        except psutil.Error:
+            continue
+        if str(work) in cmd or str(work) in environ.get("FLWR_HOME", ""):
+            left.append((proc.info["pid"], cmd[:200]))
+    assert not left, left
