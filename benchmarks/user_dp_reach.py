@@ -100,8 +100,8 @@ class Attacker:
         nodes = rounds.bindings.run_nodes
         if self.fraction:
             self.devices = max(1, math.ceil(self.fraction * rounds.bindings.num_users))
-        std = rounds.charged_multiplier(nodes) * clip
-        users = sample_count_bound(rounds.expected_users())
+        std = rounds.mechanism.charged_multiplier(nodes) * clip
+        users = sample_count_bound(rounds.mechanism.expected_users())
         if self.direction == "reverse-last":
             if self.last_change is None or not np.any(self.last_change):
                 return np.zeros(d)
@@ -114,7 +114,7 @@ class Attacker:
         low, high = user_dp.sum_norm_bounds(d, users, clip, std)  # the server's check in this cell
         cap = math.inf
         if self.bound == "per-node-verified":
-            share = rounds.user_dp.sigma * clip / math.sqrt(rounds.secure_floor)
+            share = rounds.mechanism.ledger.sigma * clip / math.sqrt(rounds.mechanism.secure_floor)
             cap = self.devices * device_norm_bound(d, clip, share)
         beta = longest_step(agg, unit, low, high, cap)
         self.lengths.append(beta)

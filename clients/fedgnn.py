@@ -19,26 +19,22 @@ from clients.privacy_guard import DeviceTerms
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData
 from fedrec_flwr.data.partition import PartitionMeta
-from fedrec_flwr.fedgnn.accounting import epsilon_per_coordinate
-from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EVALUATE_SUM,
     PHASE_EXPAND_FETCH,
     PHASE_EXPAND_SUBMIT,
     PHASE_POPULARITY,
     PHASE_REGISTER,
-    PHASE_TRAIN,
     RoundConfig,
     frame_registration,
-    frame_train_upload,
     frame_users,
     published_popularity,
     split_download,
-    split_table_download,
 )
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, UserStore
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.privacy.device_secret import DeviceSecret
+from fedrec_flwr.privacy_modes import privacy_mode
 
 
 class FedGNNClient(NumPyClient):
@@ -59,6 +55,7 @@ class FedGNNClient(NumPyClient):
         if neighbour_service is not None:  # deployed: TLS to the service by its own CA file, or no expansion
             self.device_cfg = dataclasses.replace(self.device_cfg, ca_file=neighbour_ca)
         self.terms = terms
+        self.mode = privacy_mode(cfg.privacy.mode).device(cfg.privacy)  # what the users protect and upload, and how
         self.device = device or torch.device("cpu")
         self.model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one copy, shared by the hosted users in turn
 
@@ -78,7 +75,7 @@ class FedGNNClient(NumPyClient):
         self._check_link(rc)
         self.store.begin_round(rc)
         if rc.phase == PHASE_POPULARITY:
-            if self.cfg.privacy.pseudo_sampler != "popularity" or self.cfg.privacy.mode == "user_dp":
+            if not self.mode.reports_popularity():
                 raise ValueError("a popularity report is sent only for the popularity-matched sampler of the LDP mode")
             reports = [self._user(u).report_popularity() for u in self.user_ids]
             return frame_users(self.user_ids, [[r] for r in reports], 1), len(reports), {"phase": rc.phase}
@@ -94,16 +91,9 @@ class FedGNNClient(NumPyClient):
                                            rc.phase == PHASE_EXPAND_FETCH, rc.round) for u in self.user_ids]
             return [], len(counts), {"phase": rc.phase, "neighbours": int(sum(counts)), "users": len(counts)}
         if rc.phase == PHASE_EVALUATE_SUM:
-            return self._fit_evaluate_sum(parameters, rc)
-        if self.cfg.privacy.mode == "user_dp":
-            return self._fit_user_dp(parameters, rc)
-        weights, users, rows = split_download(parameters, self.num_weights)
-        parts = train_users([self._user(int(u)) for u in users], weights, rows, rc.round, rc,
-                            self.cfg.simulation.user_batch)
-        upload = frame_train_upload(users, parts)
-        p = self.cfg.privacy
-        eps = epsilon_per_coordinate(p.clip_delta, p.noise_lambda) if p.ldp else float("inf")
-        return upload, len(users), {"phase": PHASE_TRAIN, "epsilon_per_coordinate": eps}
+            return self.mode.evaluation_sum_reply(self._user, self.user_ids, parameters, rc, self.num_weights, self.terms)
+        return self.mode.train_reply(self._user, self.user_ids, parameters, rc, self.num_weights,
+                                     self.cfg.simulation.user_batch, self.terms)
 
     def _check_link(self, rc: RoundConfig) -> None:
         """ValueError unless the round's neighbour-service link may be used: none under user-level DP (the service
@@ -112,8 +102,8 @@ class FedGNNClient(NumPyClient):
         item tokens, under the HMAC key it also sends, and read the items."""
         if rc.expansion is None and not rc.refresh_neighbours:
             return
-        if self.cfg.privacy.mode == "user_dp":
-            raise ValueError("a user-DP device does no graph expansion; the round's config carries a neighbour-service link")
+        if not self.mode.expands_graph:
+            raise ValueError("this privacy mode does no graph expansion; the round's config carries a neighbour-service link")
         if self.neighbour_service is not None and (rc.expansion is None or rc.expansion.address != self.neighbour_service):
             raise ValueError("the server points this device at another neighbour service than the one its node config "
                              "names (neighbour-service)")
@@ -121,37 +111,11 @@ class FedGNNClient(NumPyClient):
             raise ValueError("this device contacts its neighbour service only over TLS, with the CA file its node "
                              "config names (neighbour-ca-file)")
 
-    def _fit_user_dp(self, parameters, rc: RoundConfig):
-        """User-level DP: every hosted user is asked; those that sample themselves contribute their clipped update,
-        and the node's one vector (with the noise share of all it hosts) goes through SecAgg+ (`fedgnn.user_dp`).
-        num_examples is 1 so that SecAgg+'s weighted mean over nodes times their number is the plain sum."""
-        from fedrec_flwr.fedgnn.user_dp import node_update
-
-        if self.terms is None:
-            raise ValueError("a user-DP round on a node without its own privacy terms (clients.privacy_guard.DeviceTerms)")
-        weights, table, _ = split_table_download(parameters, self.num_weights)  # every hosted user is asked
-        vector = node_update([self._user(u) for u in self.user_ids], weights, table, rc.round, rc,
-                             self.cfg.simulation.user_batch, self.terms.q, self.terms.share_std,
-                             cover=self.terms.policy.hides_timing)
-        return vector, 1, {"phase": PHASE_TRAIN, "users": len(self.user_ids)}
-
-    def _fit_evaluate_sum(self, parameters, rc: RoundConfig):
-        """User-level DP's evaluation: every hosted user's clipped, normalised error sums on its own test ratings, summed
-        with the node's noise share, go through SecAgg+ like a training vector (`fedgnn.user_dp.node_evaluation`)."""
-        from fedrec_flwr.fedgnn.user_dp import node_evaluation
-
-        if self.cfg.privacy.mode != "user_dp" or self.terms is None:
-            raise ValueError("an evaluate-sum round outside a user-DP run (or without the device's own terms)")
-        weights, table, _ = split_table_download(parameters, self.num_weights)
-        vector = node_evaluation([self._user(u) for u in self.user_ids], weights, table, rc.round,
-                                 self.cfg.privacy.eval_max_ratings, self.terms.eval_share_std)
-        return vector, 1, {"phase": PHASE_EVALUATE_SUM, "users": len(self.user_ids)}
-
     def evaluate(self, parameters, config):
-        """Squared and absolute error sums over the requested users' own test ratings. Never under user-level DP:
-        there a user's error sums leave the device only through the noisy secure sum (`_fit_evaluate_sum`)."""
-        if self.cfg.privacy.mode == "user_dp":
-            raise ValueError("a user-DP device sends no plain evaluation (its error sums go through SecAgg+ only)")
+        """Squared and absolute error sums over the requested users' own test ratings. Never in a privacy mode whose
+        error sums leave the device only through a noisy secure sum (`DeviceMechanism.evaluation_sum_reply`)."""
+        if not self.mode.plain_evaluation:
+            raise ValueError("this privacy mode sends no plain evaluation (its error sums go through SecAgg+ only)")
         self.store.begin_round(RoundConfig.from_flower(config))
         weights, users, rows = split_download(parameters, self.num_weights)
         sse = sae = 0.0

@@ -22,9 +22,11 @@ class Algorithm:
     client: str  # (cfg, context, device) -> flwr Client
     nodes: str  # (cfg) -> how many SuperNodes a simulation needs
     node_data: str | None = None  # (cfg, out, users) -> catalogue path: per-node files for deployment
+    preflight: str | None = None  # (cfg, nodes, project root) -> None: checks before Flower starts (`fedrec run`)
+    privacy_modes: bool = False  # its devices run a FedGNN privacy mode (`fedrec_flwr.privacy_modes`), guarded
 
     def part(self, which: str) -> Callable[..., Any]:
-        """The function named by field `which` ("server", "client", "nodes" or "node_data")."""
+        """The function named by field `which` ("server", "client", "nodes", "node_data" or "preflight")."""
         ref = getattr(self, which)
         if ref is None:
             raise ValueError(f"algorithm '{self.name}' has no {which}")
@@ -34,9 +36,11 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {
     "fedgnn": Algorithm("fedgnn", "fedrec_flwr.server_app:fedgnn_components", "fedrec_flwr.client_app:fedgnn_client",
-                        "fedrec_flwr.federation_size:user_nodes", "fedrec_flwr.node_data:export_users"),
+                        "fedrec_flwr.federation_size:user_nodes", "fedrec_flwr.node_data:export_users",
+                        "fedrec_flwr.preflight:fedgnn_preflight", privacy_modes=True),
     "fppdm": Algorithm("fppdm", "fedrec_flwr.server_app:fppdm_components", "fedrec_flwr.client_app:fppdm_client",
-                       "fedrec_flwr.federation_size:domain_nodes", "fedrec_flwr.node_data:export_domains"),
+                       "fedrec_flwr.federation_size:domain_nodes", "fedrec_flwr.node_data:export_domains",
+                       "fedrec_flwr.preflight:fppdm_preflight"),
     "trivial": Algorithm("trivial", "fedrec_flwr.server_app:trivial_components", "fedrec_flwr.client_app:trivial_client",
                          "fedrec_flwr.federation_size:user_nodes"),
 }

@@ -27,6 +27,7 @@ from fedrec_flwr.data.node_files import load_domain_file, load_user_file
 from fedrec_flwr.fedgnn.checkpoint import checkpoint_folder
 from fedrec_flwr.logs import configure_console_logging
 from fedrec_flwr.privacy.device_secret import DeviceSecret
+from fedrec_flwr.privacy_modes import privacy_mode
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,7 @@ def fedgnn_client(cfg: AppConfig, context: Context, device: torch.device):
                            Path(str(state_dir)) / "draws.json" if state_dir else None,
                            Path(str(state_dir)) / "anonymity-sets.json" if state_dir else None)
     secret = device_secret(cfg, context)
-    terms = device_terms(context) if cfg.privacy.mode == "user_dp" else None
+    terms = device_terms(context) if privacy_mode(cfg.privacy.mode).part("Device").needs_terms else None
     # a deployed device contacts only the neighbour service its own node config names, over TLS with its own CA file
     link = ({"neighbour_service": str(nc.get("neighbour-service", "")), "neighbour_ca": str(nc.get("neighbour-ca-file", ""))}
             if _deployed(nc) else {})
@@ -297,14 +298,12 @@ def _device_policy(msg, context: Context, call_next):
     from fedrec_flwr.fedgnn.device_policy import DevicePolicy
 
     cfg = _config(_key(context))
-    if cfg.algorithm != "fedgnn":
+    if not get_algorithm(cfg.algorithm).privacy_modes:
         return call_next(msg, context)
+    mode = privacy_mode(cfg.privacy.mode).device(cfg.privacy)
     if _deployed(context.node_config):
-        policy = DevicePolicy.from_node_config(context.node_config)
-        policy.admit_mode(cfg.privacy.mode)
-        if cfg.privacy.mode != "user_dp":
-            policy.admit_ldp(cfg.privacy)
-    if cfg.privacy.mode != "user_dp":
+        mode.admit(DevicePolicy.from_node_config(context.node_config))
+    if not mode.needs_terms:
         return call_next(msg, context)
     return _GUARD(msg, context, call_next)
 

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from fedrec_flwr.algorithms import ALGORITHMS
 from fedrec_flwr.data.sources import dataset_family
+from fedrec_flwr.privacy_modes import PRIVACY_MODES, privacy_mode
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -447,7 +448,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "local.loss": ("mean", "sum"),
     "local.upload": ("gradient", "delta"),
     "privacy.pseudo_sampler": ("uniform", "popularity"),
-    "privacy.mode": ("ldp", "user_dp"),
+    "privacy.mode": tuple(PRIVACY_MODES),
     "merge.robust": ("mean", "median", "trimmed"),
     "server_opt.name": ("sgd", "adam"),
     "expansion.mode": ("none", "fixed", "trainable"),
@@ -665,10 +666,7 @@ def _validate(cfg: AppConfig) -> None:
     if cfg.model.user_offset_init != "zero" and not cfg.model.user_offset:
         raise ConfigError(f"config key 'model.user_offset_init' = {cfg.model.user_offset_init!r} needs "
                           "model.user_offset = true (there is no private offset to start otherwise)")
-    if cfg.privacy.mode == "user_dp":
-        _validate_user_dp(cfg)
-    elif cfg.privacy.ldp and cfg.privacy.noise_lambda <= 0:
-        raise ConfigError("config key 'privacy.noise_lambda' must be > 0 when privacy.ldp is true")
+    privacy_mode(cfg.privacy.mode).check_config(cfg)  # the combinations the run's privacy mode refuses
     item_rate = cfg.server_opt.item_rate
     if item_rate * cfg.server_opt.item_weight_decay >= 1.0:
         raise ConfigError(f"config key 'server_opt.item_weight_decay' = {cfg.server_opt.item_weight_decay}; the item "
@@ -676,34 +674,6 @@ def _validate(cfg: AppConfig) -> None:
     if cfg.federation.min_clients > cfg.federation.clients_per_round:
         raise ConfigError(f"config key 'federation.min_clients' = {cfg.federation.min_clients}; expected <= "
                           f"federation.clients_per_round ({cfg.federation.clients_per_round})")
-
-
-def _validate_user_dp(cfg: AppConfig) -> None:
-    """The combinations user-level DP refuses, each with its reason."""
-    p = cfg.privacy
-    if p.secagg_threshold < 2.0 / 3.0:
-        raise ConfigError(f"privacy.secagg_threshold = {p.secagg_threshold:g} is below 2/3: devices refuse such rounds "
-                          "(a server that sends nodes different dropout lists could unmask one node); expected >= 0.67")
-    if p.noise_multiplier <= 0 and p.target_epsilon <= 0:
-        raise ConfigError("privacy.mode = 'user_dp' needs privacy.target_epsilon > 0 (sigma calibrated to it) or "
-                          "privacy.noise_multiplier > 0; with neither, the sum would carry no noise")
-    if p.target_epsilon <= 0 and p.eval_noise_multiplier <= 0:
-        raise ConfigError("privacy.mode = 'user_dp' without privacy.target_epsilon has no budget to size its released "
-                          "evaluation from; expected privacy.eval_noise_multiplier > 0")
-    if cfg.expansion.mode != "none":
-        raise ConfigError(f"privacy.mode = 'user_dp' with expansion.mode = {cfg.expansion.mode!r}: graph expansion sends "
-                          "each user's embedding, trained on its ratings, to the neighbour service without noise, which "
-                          "the user-level guarantee does not cover; set expansion.mode = none")
-    if cfg.merge.robust != "mean":
-        raise ConfigError(f"privacy.mode = 'user_dp' with merge.robust = {cfg.merge.robust!r}: under secure aggregation "
-                          "the server sees only the sum, so a coordinate-wise median or trimmed mean cannot be taken")
-    if cfg.local.upload != "gradient":
-        raise ConfigError("privacy.mode = 'user_dp' with local.upload = 'delta': use 'gradient' (the delta path "
-                          "clips each local step per coordinate to privacy.clip_delta, an LDP setting)")
-    if cfg.simulation.users_per_node == 0:
-        raise ConfigError("privacy.mode = 'user_dp' with simulation.users_per_node = 0 (auto): the noise floor and the "
-                          "SecAgg+ ranges are sized from the node count before the run; set simulation.users_per_node "
-                          "(the preset's 64)")
 
 
 def load_config(

@@ -51,6 +51,7 @@ from fedrec_flwr.fedgnn.user_dp import node_evaluation, node_update
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.neighbours.link import open_expansion_link
+from fedrec_flwr.privacy_modes import privacy_mode
 from fedrec_flwr.results import RunFailed, RunRecorder
 
 
@@ -125,9 +126,8 @@ def _run(cfg, parts: UserPartitions, recorder: RunRecorder | None, baselines_of,
         return FedGNNUser(device_cfg, meta, parts.user(u), store, device, model)
 
     users = list(range(meta.num_users))  # every user registers, as under flwr run: cold users are scored too
-    user_dp = cfg.privacy.mode == "user_dp"
-    if user_dp and (tamper is not None or probe is not None):
-        raise ValueError("tamper and probe read per-user uploads and anonymity sets, which privacy.mode = user_dp has not")
+    if rounds.is_secure(PHASE_TRAIN) and (tamper is not None or probe is not None):
+        raise ValueError("tamper and probe read per-user uploads and anonymity sets, which a secure-sum privacy mode has not")
     done, history, before = 1, [], 0.0  # registration is logical round 1
     if resumed is not None:
         history, before = checkpointed_history(checkpointer.path, resumed, len(rounds.schedule))
@@ -205,7 +205,7 @@ def checkpointed_users(path: Path, state: dict, parts: UserPartitions, cfg, min_
         except ValueError as exc:
             raise CheckpointError(f"{path}: key 'user_states[{u}]': {exc}") from None
         problem = user_state_problem(st, dim=cfg.model.dim, num_items=meta.num_items, own=own_items(parts.user(u)),
-                                     min_rows=min_rows, user_dp=cfg.privacy.mode == "user_dp", max_neighbours=cap,
+                                     min_rows=min_rows, whole_table=privacy_mode(cfg.privacy.mode).part("Device").whole_table, max_neighbours=cap,
                                      offset=cfg.model.user_offset)
         if problem is None and st.handle in handles:
             problem = "the handle of another user; expected its own"
@@ -226,14 +226,14 @@ def expand_users(rounds: FedGNNRounds, logical: int, phase: str, users: list[int
     return rounds.record_expansion(logical, phase, len(users), sum(counts), t0)
 
 
-def evaluate_user_dp(cfg, rounds: FedGNNRounds, server: FedGNNServer, users: list[int],
+def evaluate_secure_sum(cfg, rounds: FedGNNRounds, server: FedGNNServer, users: list[int],
                      user: Callable[[int], FedGNNUser], logical: int, started: float) -> dict:
-    """A user-DP evaluation round in-process, as its record: the released evaluation (every user its own node, all reporting: the N
+    """A secure-sum evaluation round in-process, as its record: the released evaluation (every user its own node, all reporting: the N
     shares of sigma_e / sqrt(K) drawn as one; `FedGNNRounds.evaluate_sum`, charged) and, beside it, the exact RMSE of
     every test rating, which only a simulation can compute (no party of a deployment ever holds it)."""
     weights, table = server.model_weights(), server.table()
     everyone = [u for us in rounds.plan_evaluate_sum(set(users)).values() for u in us]
-    std = charged_multiplier(rounds.user_dp.eval_sigma, len(everyone), rounds.secure_floor)
+    std = charged_multiplier(rounds.mechanism.ledger.eval_sigma, len(everyone), rounds.mechanism.secure_floor)
     vector = node_evaluation([user(u) for u in everyone], weights, table, logical, cfg.privacy.eval_max_ratings, std)
     released = rounds.evaluate_sum(logical, vector, len(everyone), [], started, 0.0, 0.0) or {}
     sse, n = 0.0, 0
@@ -254,7 +254,6 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
     """Logical rounds `first` .. the last, by the run's schedule, their records appended to `history`;
     `save_checkpoint(round)` after every checkpoint.every-th training round but the last."""
     connected = set(users)  # node id = user id
-    user_dp = cfg.privacy.mode == "user_dp"
     total = len(rounds.schedule)  # logical rounds 1 .. total: registration, training, expansion
     for rnd in range(first, total + 1):
         phase = rounds.phase(rnd)
@@ -263,7 +262,7 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
             continue
         t0 = time.time()
         if phase == PHASE_EVALUATE_SUM:
-            history.append(evaluate_user_dp(cfg, rounds, server, users, user, rnd, t0))
+            history.append(evaluate_secure_sum(cfg, rounds, server, users, user, rnd, t0))
             if log_every:
                 print(f"[in-process] round {rounds.train_rounds_done} rmse {history[-1]['rmse']:.4f} (released "
                       f"{history[-1]['released_rmse']})", flush=True)
@@ -274,11 +273,11 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
         weights = server.model_weights()
         plan = rounds.plan_train(rnd, connected)  # node -> hosted users; the round's users train as one batch
         hosted = [u for us in plan.values() for u in us]
-        if user_dp:  # one node hosting every user: the same sum, and all N noise shares in one draw
+        if rounds.is_secure(phase):  # one node hosting every user: the same sum, and all N noise shares in one draw
             f = cfg.federation
             _, table, _ = split_table_download(rounds.download(hosted, weights), len(weights))
             # every user its own node, all reporting: the N shares of sigma C / sqrt(K) drawn as one
-            std = rounds.charged_multiplier(len(hosted)) * cfg.privacy.clip_norm
+            std = rounds.mechanism.charged_multiplier(len(hosted)) * cfg.privacy.clip_norm
             vector = node_update([user(u) for u in hosted], weights, table, rnd, None, cfg.simulation.user_batch,
                                  sample_rate(f.clients_per_round, meta.num_users), std)
             out = rounds.train_sum(rnd, vector, len(hosted), len(hosted), [], t0, 0.0, 0.0)
@@ -291,7 +290,7 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
             out = rounds.train(rnd, replies, [], t0, 0.0)
         rec = {"round": rounds.train_rounds_done, "round_seconds": time.time() - t0, "clients": out["accepted"],
                "rejected": out["rejected"]}
-        if rounds.is_eval_round(rnd == total):  # the LDP mode (user_dp evaluates in rounds of its own, above)
+        if rounds.is_eval_round(rnd == total):  # a mode that evaluates after training (others: evaluate-sum rounds, above)
             weights = server.model_weights()
 
             def rmse(table: np.ndarray | None = None, neighbours: bool = True) -> float:

@@ -9,13 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .algorithms import ALGORITHMS
 from .fsutil import atomic_write as _atomic_write
 
 
 def secrets_provenance(config: dict) -> dict | None:
     """What results.json says of a run's device secrets (from its config dict; None for runs without devices'
     privacy draws): whether they were fixed, and by whom. Never the secret, nor anything computed from it."""
-    if config.get("algorithm") != "fedgnn":
+    algorithm = ALGORITHMS.get(str(config.get("algorithm")))
+    if algorithm is None or not algorithm.privacy_modes:  # no device-side privacy draws
         return None
     if (config.get("data") or {}).get("catalogue"):  # a deployment: devices ignore the run config's path
         return {"fixed": False, "by": "each device: drawn from its OS at its first start, kept in its own state, never sent"}

@@ -264,36 +264,13 @@ def absolute_path_overrides(overrides: list[str], cwd: Path | None = None) -> li
     return out
 
 
-def _in_project(path: str) -> Path:
-    """A config path as the ServerApp opens it: relative paths from the project folder (flwr run's working
-    directory, which the local SuperLink it starts inherits)."""
-    return Path(path) if Path(path).is_absolute() else ROOT / path
-
-
-def _dataset_sizes(cfg) -> tuple[int, int, int]:
-    """(items, users, item features) of a FedGNN run's dataset, as its ServerApp reads them."""
-    from fedrec_flwr.data import UserPartitions, prepare_partitions
-    from fedrec_flwr.data.node_files import load_catalogue
-
-    meta = load_catalogue(_in_project(cfg.data.catalogue))["meta"] if cfg.data.catalogue \
-        else UserPartitions(prepare_partitions(cfg.data)).meta
-    return meta.num_items, meta.num_users, meta.num_item_features
-
-
 def _preflight(cfg, num_nodes: int) -> None:
-    """What the ServerApp would find wrong only after Flower started: the operator's node list (NodeListError,
-    an input error) and, when resuming, the checkpoint against the run's config and dataset (CheckpointError,
-    the run fails). `cfg` is the ServerApp's own config (`from_run_config` of the same run config)."""
-    if cfg.deployment.node_list and cfg.algorithm in ("fedgnn", "fppdm"):
-        from fedrec_flwr.node_list import load_node_list
-
-        num_ids = _dataset_sizes(cfg)[1] if cfg.algorithm == "fedgnn" else num_nodes  # users, or domains
-        load_node_list(_in_project(cfg.deployment.node_list), num_ids)
-    if cfg.checkpoint.resume and cfg.algorithm == "fedgnn":
-        from fedrec_flwr.fedgnn.checkpoint import Checkpointer, load_resumable
-
-        ckpt = Checkpointer(_in_project(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(cfg.output_dir) / "checkpoint")
-        load_resumable(ckpt, to_dict(cfg), *_dataset_sizes(cfg))  # the strategy's own check, made first
+    """What the ServerApp would find wrong only after Flower started, by the algorithm's own pre-run check
+    (`Algorithm.preflight`: the operator's node list, an input error, and a resumed run's checkpoint, which fails
+    the run). `cfg` is the ServerApp's own config (`from_run_config` of the same run config)."""
+    algorithm = get_algorithm(cfg.algorithm)
+    if algorithm.preflight is not None:
+        algorithm.part("preflight")(cfg, num_nodes, ROOT)
 
 
 def run_federated(request: RunRequest, out: Path) -> dict:

@@ -105,13 +105,10 @@ def secagg_fit_workflow(cfg, strategy):
     from flwr.server.workflow.default_workflows import default_fit_workflow
 
     from fedrec_flwr.federation_size import user_nodes
-    from fedrec_flwr.fedgnn.device_policy import share_std
     from fedrec_flwr.fedgnn.protocol import PHASE_EVALUATE_SUM
-    from fedrec_flwr.fedgnn.user_dp import secagg_clipping_range, secagg_quantization_range
+    from fedrec_flwr.fedgnn.user_dp import secagg_quantization_range
 
     p = cfg.privacy
-    sigma = strategy.rounds.user_dp.sigma  # the run's noise multiplier, as its ledger holds it
-    floor = strategy.rounds.secure_floor
     per_node = 1 if cfg.data.catalogue else cfg.simulation.users_per_node
     nodes = strategy.bindings.num_users if cfg.data.catalogue else user_nodes(cfg)
 
@@ -121,8 +118,7 @@ def secagg_fit_workflow(cfg, strategy):
                                   quantization_range=secagg_quantization_range(nodes),
                                   timeout=cfg.federation.round_timeout or None)
 
-    train = secure(secagg_clipping_range(p.clip_norm, per_node, share_std(sigma, p.clip_norm, floor)))
-    evaluate = secure(secagg_clipping_range(1.0, per_node, share_std(strategy.rounds.user_dp.eval_sigma, 1.0, floor)))
+    train, evaluate = (secure(r) for r in strategy.rounds.mechanism.secagg_clipping_ranges(per_node))
 
     def fit(grid, context) -> None:
         """One fit round, secure or plain by the strategy's phase of it."""
@@ -141,7 +137,7 @@ app = ServerApp()
 @app.main()
 def main(grid, context: Context) -> None:
     """Build the configured algorithm's strategy (`server_fn`), then run it: through Flower's DefaultWorkflow with
-    SecAgg+ in the secure rounds for FedGNN under user-level DP, else as a plain strategy (Flower's compat path)."""
+    SecAgg+ in the rounds whose phases its privacy mode sums securely (`secure_phases`), else as a plain strategy (Flower's compat path)."""
     from flwr.server import LegacyContext
     from flwr.server.compat import start_grid
     from flwr.server.workflow import DefaultWorkflow
@@ -149,8 +145,8 @@ def main(grid, context: Context) -> None:
     components = server_fn(context)
     cfg = from_run_config(context.run_config)
     with serverapp_pid_file(cfg.output_dir):
-        if cfg.algorithm == "fedgnn" and cfg.privacy.mode == "user_dp":
-            strategy = components.strategy
+        strategy = components.strategy
+        if getattr(strategy, "secure_phases", None):  # a strategy whose privacy mode sums some phases securely
             legacy = LegacyContext(context=context, config=components.config, strategy=strategy)
             DefaultWorkflow(fit_workflow=secagg_fit_workflow(cfg, strategy))(grid, legacy)
             return

@@ -85,7 +85,7 @@ def check_results(file: Path, doc: Any) -> dict:
             if missing:
                 fail("baselines", baselines, f"the trivial baselines global_mean, user_mean and item_mean (missing {missing})")
     privacy = doc.get("privacy")
-    if privacy and isinstance(privacy, dict) and privacy.get("mode") == "user_dp":
+    if privacy and isinstance(privacy, dict) and "epsilon" in privacy:  # a user-level ledger: one epsilon for all
         try:
             numbers = [privacy["delta"], privacy["epsilon"], privacy["noise_multiplier"], privacy["sample_rate"],
                        privacy["clip_norm"], privacy["rounds"], privacy["epsilon_at_1_over_n"]["epsilon"],
@@ -178,7 +178,7 @@ def summarize(path: str) -> str:
             lines.append(f"  model {rmse:.4f} is {abs(change):.1f}% {'below' if change >= 0 else 'above (worse than)'} "
                          f"the best trivial baseline ({best:.4f})")
     budget = doc.get("privacy")
-    if budget and budget.get("mode") == "user_dp":
+    if budget and "epsilon" in budget:  # a user-level ledger: every user spends the same epsilon
         n = budget["epsilon_at_1_over_n"]
         lines.append(f"  privacy ({budget['neighbouring']}): user-level epsilon {budget['epsilon']:.3g} at delta "
                      f"{budget['delta']:g} ({n['epsilon']:.3g} at delta 1/N = {n['delta']:.2g}) over "

@@ -86,10 +86,14 @@ class FedGNNStrategy(Strategy):
         """The phase of a Flower round."""
         return self.rounds.phase(self.logical(server_round))
 
+    @property
+    def secure_phases(self) -> frozenset[str]:
+        """The phases whose replies the run's privacy mode takes only as one secure sum (SecAgg+)."""
+        return self.rounds.mechanism.secure_phases
+
     def is_secure_round(self, server_round: int) -> bool:
-        """Whether this Flower round's replies must go through SecAgg+: the training and evaluation rounds of
-        user-level DP."""
-        return self.cfg.privacy.mode == "user_dp" and self.phase(server_round) in (PHASE_TRAIN, PHASE_EVALUATE_SUM)
+        """Whether this Flower round's replies must go through SecAgg+: the phases the privacy mode sums securely."""
+        return self.rounds.is_secure(self.phase(server_round))
 
     def _resume(self) -> None:
         state = load_resumable(self.checkpointer, to_dict(self.cfg), self.server.num_items, self.bindings.num_users,
@@ -248,7 +252,7 @@ class FedGNNStrategy(Strategy):
         return ndarrays_to_parameters(self.server.model_weights()), {}
 
     def _is_eval_round(self, server_round: int) -> bool:
-        if self.rounds.user_dp is not None:  # user-level DP evaluates in evaluate-sum rounds, through SecAgg+
+        if self.rounds.mechanism.evaluates_in_own_rounds:  # evaluate-sum rounds, through SecAgg+
             return False
         if self.phase(server_round) != PHASE_TRAIN:
             # a run resumed from its last training round (killed during the final evaluation) only

@@ -262,8 +262,8 @@ def test_the_server_charges_the_noise_a_sum_of_k_shares_carries(tiny_cfg):
     cfg = tiny_cfg("privacy.mode=user_dp", "privacy.noise_multiplier=1.0", "federation.clients_per_round=20")
     server = FedGNNServer.from_config(cfg, 80, 3.0)
     rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(60, block_size=10), 4.0)
-    assert rounds.secure_floor == floor_nodes(0.8, 6) == 5
-    assert rounds.charged_multiplier(6) == pytest.approx(math.sqrt(6 / 5))
+    assert rounds.mechanism.secure_floor == floor_nodes(0.8, 6) == 5
+    assert rounds.mechanism.charged_multiplier(6) == pytest.approx(math.sqrt(6 / 5))
 
 
 def test_a_deployed_device_takes_part_only_in_runs_of_its_own_privacy_mode(tmp_path, caplog):

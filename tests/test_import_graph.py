@@ -139,3 +139,45 @@ def test_the_graph_sees_lazy_and_relative_imports():
     graph = import_graph()
     assert "fedrec_flwr.centralized" in graph["fedrec_flwr.runner"]  # imported inside run_centralized_reference
     assert "fedrec_flwr.data.types" in graph["fedrec_flwr.data.loaders"]  # `from .types import ...`
+
+
+REGISTRIES = {"fedrec_flwr.privacy_modes", "fedrec_flwr.algorithms"}
+
+
+def _name_branches(path: Path, names: set[str]) -> list[str]:
+    """The comparisons in a file that test `*.privacy.mode` or `*.algorithm` (a run config's), or compare anything
+    with a privacy mode's name in `names` (`x == "user_dp"`, `x in ("ldp", ...)`): a branch on a mode's or an
+    algorithm's name. (A data file's own format tag, such as a node catalogue's "algorithm" key, is not a run's.)"""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in [node.left, *node.comparators]:
+            text = ast.unparse(side)
+            constants = [c.value for c in ast.walk(side) if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+            if text.endswith("privacy.mode") or text.endswith(".algorithm") or set(constants) & names:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+                break
+    return found
+
+
+def test_only_the_registries_branch_on_a_privacy_mode_or_an_algorithm_name():
+    """A privacy mode is a plug-in (fedrec_flwr/privacy_modes.py names its module; fedrec_flwr/fedgnn/modes/ holds its
+    device and server mechanisms) and an algorithm an entry of fedrec_flwr/algorithms.py: nothing else compares
+    `privacy.mode` or `cfg.algorithm` with a name, so a new mode or algorithm needs no edit elsewhere."""
+    from fedrec_flwr.algorithms import ALGORITHMS
+    from fedrec_flwr.privacy_modes import PRIVACY_MODES
+
+    names = set(PRIVACY_MODES)
+    assert not names & set(ALGORITHMS)
+    modules = _modules()
+    found = [hit for module, path in sorted(modules.items())
+             if module not in REGISTRIES and not module.startswith("fedrec_flwr.fedgnn.modes")
+             for hit in _name_branches(path, names)]
+    assert found == [], "\n".join(found)
+    planted = ROOT / "tests" / "_planted_branch.py"  # the check sees such a branch
+    try:
+        planted.write_text('def f(cfg):\n    return cfg.privacy.mode == "user_dp" or cfg.algorithm != "fppdm"\n')
+        assert len(_name_branches(planted, names)) == 2
+    finally:
+        planted.unlink()

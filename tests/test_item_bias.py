@@ -92,7 +92,7 @@ def test_the_accounting_counts_the_bias_coordinate_of_every_row(tiny_cfg):
         rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(parts.meta.num_users, block_size=1), 4.0)
         ids = np.arange(47)  # one user with an anonymity set of 47 items, one upload
         server.register(0, ids)
-        rounds.accountant.record_upload(0)
+        rounds.mechanism.record_upload(0)
         model = sum(int(np.prod(s)) for s in server.model_shapes)
         return rounds.privacy_budget()["per_upload"]["coordinates"], model, cfg.model.dim
 

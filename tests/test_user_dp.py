@@ -344,9 +344,9 @@ def test_evaluation_releases_only_the_noisy_clipped_sum_and_charges_it(tiny_cfg)
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
     rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1), 4.0)
     rounds.evaluate_sum(3, [np.array([1e9, 0.0, 1.0])], 60, [], 0.0, 0.0, 0.0)  # refused: past any honest sum
-    assert rounds.final == {} and rounds.user_dp.budget()["evaluations"] == 1  # released, so charged
+    assert rounds.final == {} and rounds.mechanism.ledger.budget()["evaluations"] == 1  # released, so charged
     rounds.evaluate_sum(4, [total.astype(np.float32)], 60, [], 0.0, 0.0, 0.0)
-    assert rounds.user_dp.budget()["evaluations"] == 2 and "noisy sum" in rounds.final["released"]
+    assert rounds.mechanism.ledger.budget()["evaluations"] == 2 and "noisy sum" in rounds.final["released"]
     assert rounds.final["rmse"] == pytest.approx(clip * np.sqrt(total[0] / total[2]), rel=1e-6)
 
 

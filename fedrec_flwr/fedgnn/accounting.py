@@ -109,7 +109,7 @@ class LDPAccountant:
     @classmethod
     def from_privacy(cls, num_users: int, privacy, num_items: int) -> "LDPAccountant":
         """The accountant of a run's `privacy` section (the popularity report has one bit per catalogue item)."""
-        report_bits = num_items if privacy.pseudo_sampler == "popularity" and privacy.mode == "ldp" else 0
+        report_bits = num_items if privacy.pseudo_sampler == "popularity" else 0
         return cls(num_users, privacy.clip_delta, privacy.noise_lambda, privacy.delta, privacy.ldp, report_bits,
                    privacy.popularity_epsilon)
 

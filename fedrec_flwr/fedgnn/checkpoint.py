@@ -28,7 +28,9 @@ from fedrec_flwr.fsutil import atomic_write
 CHECKPOINT_FILE = "server.pt"
 # what a FedGNN server checkpoint must hold
 REQUIRED_KEYS = ("model", "items", "model_opt", "item_opt", "torch_rng", "logical_round", "train_rounds_done",
-                 "rounds_not_applied", "history", "rejections", "uploads", "eval_rejected", "config")
+                 "rounds_not_applied", "history", "rejections", "eval_rejected", "config")
+# each privacy mode's ledger adds its own keys ("uploads": per-user upload counts; "user_dp_noise" and
+# "user_dp_evaluations": the released sums), checked here where present and required by the mode on resume
 # config sections that may differ between a killed run and its resumption
 RESUME_FREE = ("checkpoint", "output_dir", "faults")
 _ALWAYS_BUILT = 2**24  # values of a model the loader builds to compare shapes, whatever the file holds (64 MiB)
@@ -129,7 +131,7 @@ def check_types(path: Path, state: dict[str, Any]) -> None:
     if not isinstance(rejections, list) or not all(
             isinstance(r, (list, tuple)) and len(r) == 2 and _is_int(r[0]) and isinstance(r[1], str) for r in rejections):
         fail("rejections", rejections, "a list of [round, reason] pairs (an integer and a string)")
-    uploads = state["uploads"]
+    uploads = state.get("uploads", [])
     if not isinstance(uploads, list) or not all(_is_int(n) and n >= 0 for n in uploads):
         fail("uploads", uploads, "a list of per-user upload counts (integers >= 0)")
     noise = state.get("user_dp_noise", [])  # user_dp: [noise multiplier, rounds released at it] pairs
@@ -218,7 +220,7 @@ def check_shapes(path: Path, state: dict[str, Any], shapes: StateShapes) -> None
             raise CheckpointError(f"{path}: key 'popularity' = {_describe(popularity)}; expected shape ({rows},): one "
                                   "estimate per item")
         _check_finite(path, "popularity", popularity)
-    if shapes.num_users is not None and len(state["uploads"]) != shapes.num_users:
+    if shapes.num_users is not None and "uploads" in state and len(state["uploads"]) != shapes.num_users:
         raise CheckpointError(f"{path}: key 'uploads' holds the upload counts of {len(state['uploads'])} users; "
                               f"expected {shapes.num_users} ({shapes.source})")
 

@@ -24,6 +24,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from fedrec_flwr.fedgnn.accounting import gaussian_events_epsilon
+from fedrec_flwr.privacy_modes import DEVICE_DEFAULT_MODE, PRIVACY_MODES
 
 MIN_THRESHOLD = 2.0 / 3.0  # fraction of SecAgg+ shares needed to unmask (see the module docstring)
 
@@ -47,7 +48,7 @@ class DevicePolicy:
     min_nodes: int = 3  # fewest nodes in a secure sum: with two, each could subtract its own vector
     min_node_fraction: float = 0.8  # the noise floor: shares sized for this fraction of the run's nodes reporting
     min_threshold: float = MIN_THRESHOLD
-    mode: str = "user_dp"  # the only privacy.mode the device takes part in ("user_dp" or "ldp")
+    mode: str = DEVICE_DEFAULT_MODE  # the only privacy.mode the device takes part in ("user_dp" or "ldp")
     # a secure-sum reply leaves no sooner than this after its request: how long a device computed (did its user
     # sample itself? how many ratings?) must not show in when it answers; 0 in a simulation, which has no such channel
     reply_seconds: float = 5.0
@@ -90,14 +91,14 @@ class DevicePolicy:
         least = min(float(noise_multiplier), float(eval_noise_multiplier or noise_multiplier))
         return cls(target, float(privacy.delta), least, float(privacy.clip_norm),
                    SAFE_DEFAULTS.min_nodes, float(privacy.min_node_fraction),
-                   mode=str(getattr(privacy, "mode", "user_dp")), reply_seconds=0.0).checked()
+                   mode=str(getattr(privacy, "mode", DEVICE_DEFAULT_MODE)), reply_seconds=0.0).checked()
 
     def checked(self) -> "DevicePolicy":
         """This policy, or DevicePolicyError naming the first limit out of its range."""
         checks = [("max-epsilon", self.max_epsilon > 0), ("delta", 0 < self.delta < 1),
                   ("min-noise-multiplier", self.min_noise_multiplier > 0), ("max-clip-norm", self.max_clip_norm > 0),
                   ("min-nodes", self.min_nodes >= 3), ("min-node-fraction", 0 < self.min_node_fraction <= 1),
-                  ("mode", self.mode in ("user_dp", "ldp")),
+                  ("mode", self.mode in PRIVACY_MODES),
                   ("reply-seconds", 0 <= self.reply_seconds <= 3600),
                   ("max-ldp-epsilon", self.max_ldp_epsilon > 0), ("max-popularity-epsilon", self.max_popularity_epsilon > 0),
                   ("min-pseudo-items", self.min_pseudo_items >= 0), ("min-pseudo-ratio", self.min_pseudo_ratio >= 1)]

@@ -28,6 +28,7 @@ from fedrec_flwr.models.dense_star import DenseStars, dense_predict, per_user_co
 from fedrec_flwr.models.rating_gnn import RatingGNN, row_width
 from fedrec_flwr.privacy import pseudo_gradient_rows
 from fedrec_flwr.privacy.ldp import privatize_flat
+from fedrec_flwr.privacy_modes import privacy_mode
 
 
 def _pad(rows: list[np.ndarray], width: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +120,7 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
     row_bias = cfg.model.item_bias  # item rows carry b_i as a last column (width row_width = d + 1)
     counts = [(data.train_items.size, st.neighbours.shape[0]) for st, data in zip(states, datas)]
     width, n_width = max(t for t, _ in counts), max(n for _, n in counts)
-    whole_table = cfg.privacy.mode == "user_dp"
+    whole_table = privacy_mode(cfg.privacy.mode).part("Device").whole_table  # rows of the whole table, not a set
     items_np = [r[row_positions(st, data.train_items, whole_table)] for st, data, r in zip(states, datas, rows)]
     items_x, item_mask = _pad(items_np, width, row_width(cfg.model), device)
     items_x.requires_grad_(True)

@@ -39,13 +39,10 @@ import numpy as np
 from fedrec_flwr.config import ExpansionConfig, FederationConfig, MergeConfig, PrivacyConfig
 from fedrec_flwr.data import public_scale
 from fedrec_flwr.data.types import RatingScale
-from fedrec_flwr.fedgnn.accounting import LDPAccountant, UserDPAccountant, epsilon_per_coordinate, sample_rate
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
 from fedrec_flwr.fedgnn.checkpoint import CheckpointError
-from fedrec_flwr.fedgnn.device_policy import charged_multiplier, floor_nodes
 from fedrec_flwr.fedgnn.protocol import (
-    PHASE_EVALUATE_SUM,
     PHASE_EXPAND_FETCH,
     PHASE_POPULARITY,
     PHASE_REGISTER,
@@ -53,8 +50,6 @@ from fedrec_flwr.fedgnn.protocol import (
     REGISTER_FIELDS,
     TRAIN_FIELDS,
     array_bytes,
-    frame_download,
-    frame_table_download,
     model_gradients,
     split_users,
 )
@@ -64,16 +59,17 @@ from fedrec_flwr.fedgnn.server import (
     check_anonymity_set,
     eval_users,
     round_schedule,
-    sample_users,
 )
 from fedrec_flwr.messages import NodeReply, UploadRejected
 from fedrec_flwr.metrics import ErrorSums
 from fedrec_flwr.models.rating_gnn import row_width
 from fedrec_flwr.privacy.popularity import check_report
+from fedrec_flwr.privacy_modes import privacy_mode
 from fedrec_flwr.results import RunRecorder, failure_reason, report_failure, report_final, report_round
 
 if TYPE_CHECKING:
     from fedrec_flwr.config import AppConfig
+    from fedrec_flwr.fedgnn.modes.base import ServerMechanism
 
 log = logging.getLogger("fedrec_flwr.fedgnn")
 
@@ -116,26 +112,11 @@ class FedGNNRounds:
         self.rating_span = rating_span
         # the dataset's own scale: reported RMSE and MAE are mapped back onto it (None: 1-5, no map)
         self.public_scale = public_scale
-        self.user_dp: UserDPAccountant | None = None  # privacy.mode = user_dp: the user-level ledger
-        self.budget_rounds = federation.rounds  # training rounds the privacy budget allows (user_dp), else all
-        self.secure_floor = 0  # user_dp: K, the fewest nodes a released sum may hold (the noise floor)
-        if privacy.mode == "user_dp":
-            self.user_dp = UserDPAccountant.from_privacy(privacy, federation.clients_per_round, bindings.num_users,
-                                                         federation.rounds, federation.eval_every)
-            self.secure_floor = floor_nodes(privacy.min_node_fraction, bindings.run_nodes)
-            if self.secure_floor > bindings.run_nodes:
-                raise ValueError(f"privacy.mode = 'user_dp' needs at least {self.secure_floor} nodes in a secure sum "
-                                 f"(the noise floor), and the run has {bindings.run_nodes}; host fewer users per node")
-            self.budget_rounds = self.user_dp.affordable_rounds(federation.rounds)
-            if self.budget_rounds < federation.rounds:
-                log.warning("privacy.target_epsilon = %g allows %d of the %d training rounds at noise multiplier %.3f: "
-                            "the run stops after round %d", privacy.target_epsilon, self.budget_rounds,
-                            federation.rounds, self.user_dp.sigma, self.budget_rounds)
-            if self.budget_rounds == 0:
-                raise ValueError(f"privacy.target_epsilon = {privacy.target_epsilon:g} does not allow one training round "
-                                 f"at noise multiplier {self.user_dp.sigma:g}; raise the noise or the target")
+        # the privacy mode's server side: who is asked, what goes down, how uploads are checked and accounted
+        self.mechanism: ServerMechanism = privacy_mode(privacy.mode).part("Server")(self)
+        self.budget_rounds = self.mechanism.budget_rounds  # training rounds the privacy budget allows
         self.schedule = round_schedule(replace(federation, rounds=self.budget_rounds), expansion, bindings.num_users,
-                                       secure_evaluation=self.user_dp is not None)
+                                       secure_evaluation=self.mechanism.evaluates_in_own_rounds)
         self.train_rounds_done = 0
         self.rounds_not_applied = 0  # training rounds with fewer than min_clients accepted uploads
         self.scored_users: list[int] = []  # users of the accepted replies of the latest evaluation
@@ -143,7 +124,6 @@ class FedGNNRounds:
         self.reported_by: dict[int, int] = {}  # user -> the node its popularity report came from (round 0)
         self.rejections: list[tuple[int, str]] = []
         self.eval_rejections = 0
-        self.accountant = LDPAccountant.from_privacy(bindings.num_users, privacy, server.num_items)
         self.final: dict[str, float] = {}
         self._eval_plan: dict[int, list[int]] = {}
         self._train_plan: tuple[int, dict[int, set[int]]] = (0, {})  # (logical round, node -> its sampled users)
@@ -163,7 +143,7 @@ class FedGNNRounds:
     @property
     def first_round(self) -> int:
         """The first logical round: 0 when users report popularity before registering (round 1), else 1."""
-        return 0 if self.privacy.pseudo_sampler == "popularity" and self.user_dp is None else 1
+        return self.mechanism.first_round
 
     def phase(self, logical_round: int) -> str:
         """The phase of a logical round (round 0: popularity reports, round 1: registration)."""
@@ -234,7 +214,7 @@ class FedGNNRounds:
         for reply in replies:
             try:
                 claimed = validate_registration(reply.arrays, self.server.num_items, min_rows,
-                                                self.bindings.claim_limit(reply.node_id), self.user_dp is not None)
+                                                self.bindings.claim_limit(reply.node_id), self.mechanism.whole_table)
                 self.bindings.check_claim(reply.node_id, [u for u, _, _ in claimed])
                 for u, _, _ in claimed:
                     if self.reported_by.get(u, reply.node_id) != reply.node_id:
@@ -256,22 +236,17 @@ class FedGNNRounds:
     # -- training --------------------------------------------------------------------
     def plan_train(self, logical_round: int, connected: set[int]) -> dict[int, list[int]]:
         """The round's sampled users, grouped by the node hosting them."""
-        live = self.bindings.live_users(connected)
-        # user_dp: every user is asked, and samples itself on its device (the server must not know who took part)
-        chosen = live if self.user_dp is not None else sample_users(self.seed, logical_round, live,
-                                                                    self.federation.clients_per_round)
+        chosen = self.mechanism.select(logical_round, self.bindings.live_users(connected))
         plan = self.bindings.by_node(chosen)
         self._train_plan = (logical_round, {node: set(users) for node, users in plan.items()})
         return plan
 
     def download(self, users: list[int], weights: list[np.ndarray] | None = None,
                  table: np.ndarray | None = None) -> list[np.ndarray]:
-        """One node's download: the model weights and the item rows of its users' anonymity sets (user_dp: the whole
-        item table; `weights` and `table`, where given, read once for all the round's nodes)."""
-        weights = self.server.model_weights() if weights is None else weights
-        if self.user_dp is not None:  # the whole table, the same for every node: it tells nothing about its users
-            return frame_table_download(weights, self.server.table() if table is None else table, users)
-        return frame_download(weights, users, [self.server.rows_for(u) for u in users])
+        """One node's download: the model weights and what the privacy mode sends of the item table (the rows of its
+        users' anonymity sets, or the whole table); `weights` and `table`, where given, read once for all the round's
+        nodes."""
+        return self.mechanism.download(users, self.server.model_weights() if weights is None else weights, table)
 
     def validate_reply(self, logical_round: int, reply: NodeReply) -> tuple[list[TrainUpdate], int]:
         """(accepted user parts, users the reply names) of one node's training reply; refusals are counted."""
@@ -288,7 +263,7 @@ class FedGNNRounds:
                 planned_round, plan = self._train_plan
                 if planned_round != logical_round or user not in plan.get(reply.node_id, ()):
                     raise UploadRejected(f"user {user} was not sampled in round {logical_round}")
-                self.accountant.record_upload(user)
+                self.mechanism.record_upload(user)
                 flat, ids, rows = arrays
                 update = self.server.validate(user, [*model_gradients(flat, self.server.model_shapes), ids, rows])
                 check_upload_bounds(self.privacy, self.merge, [*update.grads, update.rows])
@@ -321,106 +296,42 @@ class FedGNNRounds:
                   "clients": users_seen, "accepted": len(accepted),
                   "rejected": self.rejected_in(logical_round), "failures": len(failures), "applied": applied,
                   "bytes_down": bytes_down, "bytes_up": up / max(users_seen, 1)}
-        if self.privacy.ldp:
-            record["epsilon_per_coordinate"] = epsilon_per_coordinate(self.privacy.clip_delta, self.privacy.noise_lambda)
+        record.update(self.mechanism.train_record())
         record["round_seconds"] = time.time() - started
         self.record(record, complete=not self.is_eval_round(logical_round == len(self.schedule)))
         return record
 
-    def charged_multiplier(self, nodes: int) -> float:
-        """The noise multiplier a user-DP sum of `nodes` node shares carries: sigma sqrt(k / K) (the noise floor)."""
-        assert self.user_dp is not None
-        return charged_multiplier(self.user_dp.sigma, nodes, self.secure_floor)
-
-    def expected_users(self) -> float:
-        """q N: how many users a user-DP round samples on average, the fixed divisor of its sum."""
-        return sample_rate(self.federation.clients_per_round, self.bindings.num_users) * self.bindings.num_users
+    def is_secure(self, phase: str) -> bool:
+        """Whether the replies of a phase arrive as one secure sum over the nodes (SecAgg+), by the privacy mode."""
+        return phase in self.mechanism.secure_phases
 
     def train_sum(self, logical_round: int, summed: list[np.ndarray] | None, reporting_users: int, nodes: int,
                   failures: list[str], started: float, bytes_down: float, bytes_up: float) -> dict:
-        """A user-DP training round: check the SecAgg+ sum of the nodes' vectors (`user_dp.check_sum`), apply it over
-        the expected sample, and charge every user the round at the noise the shares of its `nodes` carry.
-        `summed` None: the secure aggregation produced no sum (too few nodes survived it)."""
-        from fedrec_flwr.fedgnn.user_dp import check_sum
-
-        assert self.user_dp is not None
-        for why in failures:
-            self.reject(logical_round, f"client failure: {why}")
-        self.train_rounds_done += 1
-        applied = False
-        if summed is not None and reporting_users:
-            sigma = self.charged_multiplier(nodes)
-            self.user_dp.record_round(sigma)  # released (and so spent) whether or not it passes the check
-            try:
-                # a device may size its share for a stricter floor than the run's, at most every node of the run
-                least = self.user_dp.sigma * math.sqrt(nodes / max(self.bindings.run_nodes, 1)) * self.privacy.clip_norm
-                *model, table = check_sum(summed, self.server.model_shapes, (self.server.num_items, self.server.dim),
-                                          self.privacy.clip_norm, sigma * self.privacy.clip_norm, self.expected_users(),
-                                          least)
-                applied = reporting_users >= self.federation.min_clients
-            except UploadRejected as exc:
-                self.reject(logical_round, f"aggregate refused: {exc}")
-            if applied:
-                self.server.apply_sum(model, table, self.expected_users())
-        if not applied:
-            self.rounds_not_applied += 1
-            log.warning("round %d: no sum applied (%d users' nodes reported); model unchanged", logical_round,
-                        reporting_users)
-        record = {"round": logical_round, "phase": PHASE_TRAIN, "training_round": self.train_rounds_done,
-                  "clients": reporting_users, "accepted": reporting_users,
-                  "nodes": nodes, "rejected": self.rejected_in(logical_round), "failures": len(failures),
-                  "applied": applied, "bytes_down": bytes_down, "bytes_up": bytes_up,
-                  "user_epsilon": self.user_dp.epsilon(), "round_seconds": time.time() - started}
-        self.record(record, complete=not self.is_eval_round(logical_round == len(self.schedule)))
-        return record
+        """A training round whose nodes sent one secure sum: checked, applied and accounted by the privacy mode
+        (`ServerMechanism.train_sum`). `summed` None: the secure aggregation produced no sum."""
+        return self.mechanism.train_sum(logical_round, summed, reporting_users, nodes, failures, started, bytes_down,
+                                        bytes_up)
 
     # -- evaluation ------------------------------------------------------------------
     def is_eval_round(self, last_round: bool) -> bool:
-        """True after every `eval_every` training rounds and after the last one; never under user-level DP, whose
+        """True after every `eval_every` training rounds and after the last one; never in a privacy mode whose
         evaluations are rounds of their own (`evaluate_sum`)."""
         r = self.train_rounds_done
-        return self.user_dp is None and r > 0 and (r % self.federation.eval_every == 0 or last_round)
+        return not self.mechanism.evaluates_in_own_rounds and r > 0 and (r % self.federation.eval_every == 0 or last_round)
 
     def unit_factor(self) -> float:
         """Reference units (what devices report) to the dataset's own scale (1 without a public scale)."""
         return 1.0 if self.public_scale is None else self.public_scale.unit_factor
 
     def plan_evaluate_sum(self, connected: set[int]) -> dict[int, list[int]]:
-        """A user-DP evaluation round: every registered user, grouped by node (every node sends a vector)."""
+        """An evaluate-sum round: every registered user, grouped by node (every node sends a vector)."""
         return self.bindings.by_node(self.bindings.live_users(connected))
 
     def evaluate_sum(self, logical_round: int, summed: list[np.ndarray] | None, nodes: int, failures: list[str],
                      started: float, bytes_down: float, bytes_up: float) -> dict | None:
-        """A user-DP evaluation round: the SecAgg+ sum of the nodes' clipped, normalised error sums
-        (`user_dp.node_evaluation`), charged to every user at the noise its `nodes` shares carry, decoded into RMSE and
-        MAE (`user_dp.evaluation_metrics`); None when no sum came or it was refused."""
-        from fedrec_flwr.fedgnn.user_dp import evaluation_metrics
-
-        assert self.user_dp is not None
-        for why in failures:
-            self.reject(logical_round, f"client failure: {why}")
-        metrics = None
-        if summed is not None and nodes:
-            sigma = charged_multiplier(self.user_dp.eval_sigma, nodes, self.secure_floor)
-            self.user_dp.record_evaluation(sigma)  # released, so spent, whether or not it passes the check
-            try:
-                rmse, mae, weighted = evaluation_metrics(summed, self.rating_span, self.privacy.eval_max_ratings,
-                                                         self.bindings.num_users, sigma)
-                factor = self.unit_factor()
-                self.final = {"rmse": rmse * factor, "mae": mae * factor, "eval_ratings": round(weighted),
-                              "released": "noisy sum under the user-level guarantee: errors clipped at half the "
-                                          f"scale, at most {self.privacy.eval_max_ratings} ratings' weight a user",
-                              **({} if self.test_ratings is None else {"test_ratings": self.test_ratings})}
-                self.scored_users = sorted(self.server.anonymity_sets)
-                metrics = {**self.final, "eval_failures": len(failures)}
-            except UploadRejected as exc:
-                self.eval_rejections += 1
-                self.reject(logical_round, f"evaluation sum refused: {exc}")
-        record = {"round": logical_round, "phase": PHASE_EVALUATE_SUM, "nodes": nodes, "failures": len(failures),
-                  "bytes_down": bytes_down, "bytes_up": bytes_up, "user_epsilon": self.user_dp.epsilon(),
-                  "round_seconds": time.time() - started, **(metrics or {})}
-        self.record(record)
-        return metrics
+        """An evaluation whose nodes sent one secure sum, decoded and accounted by the privacy mode
+        (`ServerMechanism.evaluate_sum`); None when no sum came or it was refused."""
+        return self.mechanism.evaluate_sum(logical_round, summed, nodes, failures, started, bytes_down, bytes_up)
 
     def plan_eval(self, connected: set[int]) -> dict[int, list[int]]:
         """The evaluating users (all, or a fixed seeded sample), grouped by node."""
@@ -484,25 +395,12 @@ class FedGNNRounds:
 
     # -- end of run and checkpoints --------------------------------------------------
     def upload_counts(self) -> dict[str, float]:
-        """How often the registered users uploaded: max, median, and the total (user_dp: every user's node sends a
-        vector every round, sampled or not)."""
-        if self.user_dp is not None:
-            r = self.user_dp.rounds
-            return {"max": r, "median": float(r), "total": r * len(self.server.anonymity_sets)}
-        return self.accountant.upload_counts(sorted(self.server.anonymity_sets))
+        """How often the registered users uploaded: max, median, and the total (by the privacy mode's ledger)."""
+        return self.mechanism.upload_counts()
 
     def privacy_budget(self) -> dict | None:
-        """The accounted LDP budget of the run so far (`LDPAccountant.budget`), or None without LDP.
-
-        An upload's coordinates: the model's, plus one row of `row_width` (b_i included) per item of the set.
-        user_dp: the user-level ledger (`UserDPAccountant.budget`)."""
-        if self.user_dp is not None:
-            return {**self.user_dp.budget(), "planned_rounds": self.federation.rounds,
-                    "noise_floor": {"nodes": self.secure_floor, "of_nodes": self.bindings.run_nodes,
-                                    "min_node_fraction": self.privacy.min_node_fraction},
-                    "stopped_by_budget": self.budget_rounds < self.federation.rounds}
-        model = sum(int(np.prod(s)) for s in self.server.model_shapes)
-        return self.accountant.budget({u: model + ids.size * self.dim for u, ids in self.server.anonymity_sets.items()})
+        """The budget the run has spent so far, by the privacy mode's ledger (None without one)."""
+        return self.mechanism.privacy_budget()
 
     def failure(self) -> str | None:
         """Why the run must not report a result, or None: no training round was applied (every one had fewer
@@ -541,14 +439,13 @@ class FedGNNRounds:
         return {**self.server.state(), "logical_round": logical_round, "train_rounds_done": self.train_rounds_done,
                 "rounds_not_applied": self.rounds_not_applied,
                 "history": history, "rejections": [list(r) for r in self.rejections],
-                **self.accountant.state(), **(self.user_dp.state() if self.user_dp is not None else {}),
+                **self.mechanism.state(),
                 "eval_rejected": self.eval_rejections}
 
     def check_resume_point(self, path, state: dict) -> None:
         """CheckpointError unless the checkpoint was written after a training round of this run's schedule, with the
-        training rounds the schedule has up to there done and (user_dp) a noise ledger of at most that many released
-        sums (a round whose secure aggregation failed releases none): a resumed run must continue the schedule and
-        the privacy ledger where they stopped."""
+        training rounds the schedule has up to there done and a privacy ledger that fits them
+        (`ServerMechanism.check_resume`): a resumed run must continue the schedule and the ledger where they stopped."""
         done, trained = state["logical_round"], state["train_rounds_done"]
         if not 2 <= done <= len(self.schedule) or self.phase(done) != PHASE_TRAIN:
             raise CheckpointError(f"{path}: key 'logical_round' = {done}; expected a training round of this run's "
@@ -557,14 +454,7 @@ class FedGNNRounds:
         if trained != want:
             raise CheckpointError(f"{path}: key 'train_rounds_done' = {trained}; expected {want}, the training rounds "
                                   f"of this run's schedule up to logical round {done}")
-        if self.user_dp is None:
-            return
-        if "user_dp_noise" not in state:
-            raise CheckpointError(f"{path}: no key 'user_dp_noise'; expected the user-level privacy ledger of this "
-                                  "privacy.mode = user_dp run")
-        if (released := sum(r for _, r in state["user_dp_noise"])) > want:
-            raise CheckpointError(f"{path}: key 'user_dp_noise' accounts for {released} released sums; expected at most "
-                                  f"{want}, one per training round")
+        self.mechanism.check_resume(path, state, want)
 
     def restore(self, state: dict) -> int:
         """Continue from a checkpoint's state; returns the logical round it was written after."""
@@ -573,9 +463,7 @@ class FedGNNRounds:
         self.rounds_not_applied = int(state["rounds_not_applied"])
         self.rejections = [(int(r), str(why)) for r, why in state["rejections"]]
         self.eval_rejections = int(state["eval_rejected"])
-        self.accountant.restore(state)
-        if self.user_dp is not None:
-            self.user_dp.restore(state)
+        self.mechanism.restore(state)
         done = int(state["logical_round"])
         if self.recorder is not None:
             self.recorder.restore_history(list(state["history"]), resumed_from=done)

@@ -35,6 +35,7 @@ from fedrec_flwr.fedgnn.protocol import (
 )
 from fedrec_flwr.models.rating_gnn import build_model, row_width
 from fedrec_flwr.privacy.popularity import estimate_counts
+from fedrec_flwr.privacy_modes import privacy_mode
 
 if TYPE_CHECKING:
     from fedrec_flwr.config import AppConfig
@@ -209,6 +210,8 @@ class FedGNNServer:
         self.num_items, self.num_item_features = num_items, num_item_features
         # `self.model` is the torch model; its section is `model_cfg`
         self.model_cfg, self.server_opt, self.merge, self.privacy, self.seed = model, server_opt, merge, privacy, seed
+        # the privacy mode's device side: whether users register anonymity sets and report popularity first
+        self.users = privacy_mode(privacy.mode).device(privacy)
         self.dim = row_width(model)  # the width of an item row: the table's, every download's and upload's
         self.device = device or torch.device("cpu")
         torch.manual_seed(seed)
@@ -253,7 +256,7 @@ class FedGNNServer:
     def min_rows(self) -> int:
         """Rows every upload must carry: M (uniform sampler) or 1 + ratio (popularity-matched), at most the catalogue."""
         p = self.privacy
-        if p.mode == "user_dp":  # no anonymity sets: a user registers an empty one and downloads the whole table
+        if self.users.whole_table:  # no anonymity sets: a user registers an empty one and downloads the whole table
             return 0
         return min(p.pseudo_ratio + 1 if p.pseudo_sampler == "popularity" else p.pseudo_items, self.num_items)
 
@@ -263,7 +266,7 @@ class FedGNNServer:
 
     def registration_download(self) -> list[np.ndarray]:
         """What registration sends every node: nothing, or the published item counts the matched sampler needs."""
-        if self.privacy.pseudo_sampler != "popularity" or self.privacy.mode == "user_dp":
+        if not self.users.reports_popularity():
             return []
         if self.popularity is None:
             raise RuntimeError("the popularity-matched sampler needs the users' popularity reports before registration")
@@ -277,8 +280,8 @@ class FedGNNServer:
     def register(self, user: int, ids: np.ndarray) -> None:
         """Record a user's anonymity set after checking it."""
         ids = check_anonymity_set(ids, self.num_items, self.min_rows())
-        if self.privacy.mode == "user_dp" and ids.size:
-            raise UploadRejected(f"user-level DP runs have no anonymity sets; user {user} registered {ids.size} item ids")
+        if self.users.whole_table and ids.size:
+            raise UploadRejected(f"this privacy mode has no anonymity sets; user {user} registered {ids.size} item ids")
         self.anonymity_sets[user] = ids.astype(np.int32)
 
     def validate(self, user: int, arrays: list[np.ndarray]) -> TrainUpdate:

@@ -65,11 +65,11 @@ def decode_state(blob: bytes) -> UserState:
                      float(np.frombuffer(offset, "<f8")[0]))
 
 
-def user_state_problem(st: UserState, *, dim: int, num_items: int, own: np.ndarray, min_rows: int, user_dp: bool,
+def user_state_problem(st: UserState, *, dim: int, num_items: int, own: np.ndarray, min_rows: int, whole_table: bool,
                        max_neighbours: int, offset: bool) -> str | None:
     """Why a stored state cannot be this user's in this run, or None: checked when a run resumes from stored
     states, which may be damaged or another run's. `own`: the user's rated items (train and test), which its
-    anonymity set must hold; `min_rows`: the smallest set the server registers (user_dp: none at all);
+    anonymity set must hold; `min_rows`: the smallest set the server registers (whole_table: none at all, the mode has no sets);
     `max_neighbours`: 0 when the run has no graph expansion; `offset`: whether the model keeps a user offset."""
     ids, nb = st.anonymity_ids, st.neighbours
     if st.embedding.shape != (dim,) or not np.isfinite(st.embedding).all():
@@ -80,8 +80,8 @@ def user_state_problem(st: UserState, *, dim: int, num_items: int, own: np.ndarr
         return f"a handle of {len(st.handle) // 2} bytes; expected {HANDLE_BYTES}"
     if not np.isfinite(st.offset) or (st.offset != 0.0 and not offset):
         return f"a user offset of {st.offset}; expected " + ("a finite number" if offset else "0 (model.user_offset is off)")
-    if user_dp:
-        return f"{ids.size} anonymity-set items; expected none (privacy.mode = user_dp)" if ids.size else None
+    if whole_table:
+        return f"{ids.size} anonymity-set items; expected none (a privacy mode without anonymity sets)" if ids.size else None
     if ids.size < min_rows or (ids.size and (ids[0] < 0 or ids[-1] >= num_items)) or (np.diff(ids) <= 0).any():
         return f"{ids.size} anonymity-set items; expected at least {min_rows} sorted distinct ids in [0, {num_items})"
     if not np.isin(own, ids, assume_unique=True).all():

@@ -35,6 +35,7 @@ from fedrec_flwr.privacy.popularity import (
     popularity_strata,
     sample_matched_pseudo,
 )
+from fedrec_flwr.privacy_modes import privacy_mode
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def init_user_state(cfg: DeviceSections, meta: PartitionMeta, data: UserData, po
     emb = (rng.standard_normal(cfg.model.dim) * cfg.model.init_std).astype(np.float32)
     own = own_items(data)
     p = cfg.privacy
-    if p.mode == "user_dp":  # no anonymity set: the user downloads the whole table and its update covers all of it
+    if privacy_mode(p.mode).part("Device").whole_table:  # no anonymity set: the whole table down, an update over all of it
         pseudo = own = np.zeros(0, np.int64)
     elif p.pseudo_sampler == "popularity":
         if popularity is None or np.shape(popularity) != (meta.num_items,) or not np.all(np.isfinite(popularity)):
@@ -298,8 +299,9 @@ class FedGNNUser:
 
     @property
     def whole_table(self) -> bool:
-        """Whether the server sends this user the whole item table (user-level DP) rather than its anonymity set's rows."""
-        return self.cfg.privacy.mode == "user_dp"
+        """Whether the server sends this user the whole item table (by the privacy mode) rather than its anonymity set's
+        rows."""
+        return privacy_mode(self.cfg.privacy.mode).part("Device").whole_table
 
     def item_rows(self, rows: np.ndarray) -> np.ndarray:
         """The server's rows of this user's anonymity set as float32, checked against the set's shape."""
