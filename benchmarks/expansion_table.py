@@ -52,7 +52,7 @@ PROTOCOLS = {
 
 
 def command(dataset: str, gnn: str, mode: str, seed: int, data_dir: str, protocol: str = "short") -> list[str]:
-    """The fedrec run arguments of one table cell (also printed in BENCHMARKS.md)."""
+    """The fedrec run arguments of one table cell (also printed in docs/benchmarks/expansion.md)."""
     preset, settings, _ = PROTOCOLS[protocol]
     return ["--preset", preset, "--dataset", dataset, "--data-dir", data_dir, "--seed", str(seed),
             "--set", *settings[dataset], f"model.gnn={gnn}", f"expansion.mode={mode}"]

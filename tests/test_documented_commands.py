@@ -1,6 +1,7 @@
-"""Every `fedrec run` / `fedrec config` command that README.md, BENCHMARKS.md and docs/ give resolves: its flags exist,
-its preset and dataset are in the registry, and each `--set` key is a config key that takes the value given. Nothing
-runs and no data is read, so a renamed key, preset or flag fails here instead of in a user's terminal."""
+"""Every `fedrec run` / `fedrec config` command that README.md, BENCHMARKS.md and docs/ (docs/benchmarks/ too) give
+resolves: its flags exist, its preset and dataset are in the registry, and each `--set` key is a config key that takes
+the value given. Nothing runs and no data is read, so a renamed key, preset or flag fails here instead of in a user's
+terminal."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fedrec_flwr.data.sources import get_spec
 from fedrec_flwr.data.types import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]  # docs/benchmarks/ too
 COMMAND = re.compile(r"fedrec (?:run|config)\b[^`\n;&|()]*")
 PLACEHOLDER = re.compile(r"^(<[^>]*>|[A-Z][A-Z_]*|\.\.\.)$")  # <gnn>, DATA, S, KEY, ...
 

@@ -14,8 +14,8 @@ seeded PCG64 or Mersenne Twister can be recovered from them.
 Why ChaCha20 (randomgen) rather than AES-CTR or `os.urandom`: it is a numpy BitGenerator, so every draw the code
 makes (exponentials, normals, choices, bytes) is numpy's own sampler over a secure bit stream; its 256-bit key and
 software-only design run in constant time on any CPU (AES-CTR is fast only with AES-NI). Its cost per user
-against numpy's seeded PCG64 is measured by `benchmarks/roofline.py` (BENCHMARKS.md, "FedGNN per-user cost
-against its arithmetic floor": the `noise` and `noise_seeded_pcg64` columns). Reading the same bytes from
+against numpy's seeded PCG64 is measured by `benchmarks/roofline.py` (docs/benchmarks/performance.md, "FedGNN
+per-user cost against its arithmetic floor": the `noise` and `noise_seeded_pcg64` columns). Reading the same bytes from
 `os.urandom` would lose reproducibility: a simulation that fixes its devices' secrets
 (`simulation.device_secrets`) replays bit for bit.
 """
