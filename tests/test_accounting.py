@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from oracle_rdp import ldp_epsilon
 
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.accounting import budget, epsilon_per_coordinate, tight_epsilon
@@ -11,15 +12,27 @@ from fedrec_flwr.fedgnn.server import sample_users
 from fedrec_flwr.inprocess import run_in_process
 
 
-def test_one_coordinate_is_the_papers_epsilon_and_tight_never_exceeds_basic():
-    assert epsilon_per_coordinate(0.1, 0.2) == pytest.approx(1.0)
-    # a few mechanisms: basic composition is the tight bound, and the accountant reports it
-    assert tight_epsilon(0.1, 0.2, 1, 1e-9) == pytest.approx(1.0)
-    assert tight_epsilon(0.1, 0.2, 2, 1e-9) == pytest.approx(2.0)
-    for m in (1, 10, 1000, 10**6):
-        assert tight_epsilon(0.1, 0.2, m, 1e-5) <= m * 1.0 + 1e-6
-    assert tight_epsilon(0.1, 0.2, 10**6, 1e-5) < 0.5 * 10**6  # composition of many: well below the sum
+def test_one_coordinate_is_the_papers_epsilon_and_tight_is_the_laplace_rdp_bound():
+    """epsilon per coordinate is 2 delta / lambda; the tight figure is the Renyi-DP bound of that many Laplace
+    mechanisms, computed here from Mironov's closed form (tests/oracle_rdp.py), or the basic sum where that is
+    smaller (a few mechanisms), and never far above what the PLD accountant (near-exact) gives."""
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
+    assert epsilon_per_coordinate(0.1, 0.2) == pytest.approx(1.0) and epsilon_per_coordinate(0.05, 0.5) == pytest.approx(0.2)
+    for clip, noise, delta in ((0.1, 0.2, 1e-5), (0.1, 0.2, 1e-9), (0.05, 0.3, 1e-6)):
+        for m in (1, 2, 10, 100, 1000, 10**6):
+            assert tight_epsilon(clip, noise, m, delta) == pytest.approx(ldp_epsilon(clip, noise, m, delta), rel=1e-9)
+    # the basic sum is the bound for a few mechanisms, the RDP one (well below the sum) for many
+    assert tight_epsilon(0.1, 0.2, 2, 1e-5) == 2.0 and ldp_epsilon(0.1, 0.2, 10, 1e-5) < 10.0
+    assert ldp_epsilon(0.1, 0.2, 10**6, 1e-5) < 0.5 * 10**6
     assert tight_epsilon(0.1, 0.4, 1000, 1e-5) < tight_epsilon(0.1, 0.2, 1000, 1e-5)  # more noise, less spent
+    for m in (10, 100, 1000):  # a second accountant: privacy loss distributions of the same Laplace mechanisms
+        pld = pld_privacy_accountant.PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                                   value_discretization_interval=1e-3)
+        pld.compose(dp_accounting.LaplaceDpEvent(0.2 / (2 * 0.1)), m)
+        exact = pld.get_epsilon(1e-5)
+        assert exact <= tight_epsilon(0.1, 0.2, m, 1e-5) <= 1.05 * exact
 
 
 def test_budget_reports_per_upload_and_per_user_totals():

@@ -92,6 +92,7 @@ def test_batched_users_upload_what_the_pyg_oracle_gives_each_alone(tmp_path, gnn
             for x, y in zip(a, b):
                 assert x.shape == y.shape and x.dtype == y.dtype
                 np.testing.assert_allclose(x, y, atol=UPLOAD_ATOL, rtol=UPLOAD_RTOL)
+        assert len(states_oracle) == len(states_batched) == 24
         for (ea, oa), (eb, ob) in zip(states_oracle, states_batched):
             np.testing.assert_allclose(ea, eb, atol=1e-6)
             assert oa == pytest.approx(ob, abs=1e-6)

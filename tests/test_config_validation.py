@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -56,10 +57,49 @@ def test_every_numeric_key_declares_its_range_beside_its_field():
     assert sorted(k for k, rule in RANGES.items() if rule is None) == [], "numeric config fields without ranged(...)"
 
 
-def test_the_defaults_and_every_preset_are_in_range():
-    AppConfig()  # the dataclass defaults themselves
-    for preset in ("fedgnn_paper", "fedgnn_tuned", "fedgnn_features", "fppdm", "fppdm_pp", "fedavg_lightgcn", "single_domain", "trivial"):
-        load_config(preset)
+CONF = ROOT / "conf"
+PRESETS = sorted(path.stem for path in CONF.glob("*.yaml"))  # every preset file, as `--preset` names them
+# a preset's per-dataset settings: conf/<preset>/<dataset>.yaml
+PRESET_DATASETS = sorted((folder.name, path.stem) for folder in CONF.iterdir() if (CONF / f"{folder.name}.yaml").is_file()
+                         for path in folder.glob("*.yaml"))
+
+
+def _out_of_range(cfg: AppConfig) -> list[str]:
+    """Every numeric key of `cfg` whose value (or any element of a list) is not finite or lies outside the range
+    declared beside its field, compared here bound by bound."""
+    bad = []
+    for key, rule in RANGES.items():
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        for v in value if isinstance(value, list) else [value]:
+            low_ok = rule.low is None or (v > rule.low if rule.open_low else v >= rule.low)
+            high_ok = rule.high is None or (v < rule.high if rule.open_high else v <= rule.high)
+            if not (math.isfinite(v) and low_ok and high_ok):
+                bad.append(f"{key} = {value!r} ({rule.describe()})")
+    return bad
+
+
+def test_the_dataclass_defaults_are_in_range():
+    assert RANGES and _out_of_range(AppConfig()) == []
+
+
+def test_the_preset_list_is_read_from_conf():
+    """Guards the parametrisations below against an empty or partial listing."""
+    assert {"quickstart", "fedgnn_paper", "fedgnn_user_dp", "fppdm", "trivial"} <= set(PRESETS) and len(PRESETS) >= 10
+    assert ("fedgnn_tuned", "douban") in PRESET_DATASETS and all(p in PRESETS for p, _ in PRESET_DATASETS)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_loads_with_every_numeric_key_in_range(preset):
+    cfg = load_config(preset)
+    assert cfg.preset == preset and _out_of_range(cfg) == []
+
+
+@pytest.mark.parametrize("preset, dataset", PRESET_DATASETS)
+def test_every_presets_dataset_settings_load_with_every_numeric_key_in_range(preset, dataset):
+    cfg = load_config(preset, dataset)
+    assert cfg.preset == preset and cfg.data.name == dataset and _out_of_range(cfg) == []
 
 
 @pytest.mark.parametrize("key", FLOAT_KEYS)

@@ -6,8 +6,8 @@ a checksum, which is checked only on download), the preset + dataset file resolv
 own settings, and the run of `fedrec run --preset fedgnn_tuned --dataset <name>`, cut to 2 training
 rounds, ends with a finite RMSE on the dataset's scale. Flixster goes through the driver itself
 (`fedrec_flwr.cli.main`), whose `flwr run` is answered by the app's own ServerApp and ClientApp entry
-points in this process (the real `flwr run`, about 90 s with a fresh SuperLink, with
-FEDREC_FLWR_PRESET_TEST=1); the rest through the same server and clients in one process (tests/inprocess.py).
+points in this process; the real `flwr run` transport through the same driver is tests/test_e2e_flwr.py's.
+The rest go through the same server and clients in one process (tests/inprocess.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -253,20 +251,14 @@ def _in_process_flwr_run(cmd: list[str], env, log_path=None, debug=False) -> int
     return 0
 
 
-@pytest.mark.parametrize("transport", [
-    "in-process",
-    pytest.param("flwr", marks=pytest.mark.skipif(
-        os.environ.get("FEDREC_FLWR_PRESET_TEST") != "1" or shutil.which("flower-superlink", path=str(Path(sys.executable).parent)) is None,
-        reason="through `flwr run` this takes about 90 s (a fresh SuperLink and Ray): set FEDREC_FLWR_PRESET_TEST=1")),
-])
-def test_flixster_through_the_benchmark_driver(tmp_path, capsys, monkeypatch, transport):
-    """`fedrec run --preset fedgnn_tuned --dataset flixster --data-dir DATA`, cut to 2 rounds: the
-    driver's own config, node count and run config, then `flwr run` itself (or the same apps in this process)."""
+def test_flixster_through_the_benchmark_driver(tmp_path, capsys, monkeypatch):
+    """`fedrec run --preset fedgnn_tuned --dataset flixster --data-dir DATA`, cut to 2 rounds: the driver's own
+    config, node count and run config, answered by the app's ServerApp and ClientApp entry points in this process
+    (`_in_process_flwr_run`). Flower's own transport under the same driver: tests/test_e2e_flwr.py."""
     import fedrec_flwr.runner as run_driver
     from fedrec_flwr.cli import main as cli_main
 
-    if transport == "in-process":
-        monkeypatch.setattr(run_driver, "stream_flwr_run", _in_process_flwr_run)
+    monkeypatch.setattr(run_driver, "stream_flwr_run", _in_process_flwr_run)
     scale = write_fixture("flixster", tmp_path / "data")
     out = tmp_path / "out"
     cli_main(["run", "--preset", "fedgnn_tuned", "--dataset", "flixster", "--data-dir", str(tmp_path / "data"),

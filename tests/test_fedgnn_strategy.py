@@ -106,7 +106,9 @@ def test_server_step_does_not_depend_on_arrival_order(tiny_cfg):
         server.apply(order)
         results.append([*server.model_weights(), server.items.detach().numpy().copy()])
     for other in results[1:]:
-        assert all(np.array_equal(a, b) for a, b in zip(results[0], other))
+        assert len(other) == len(results[0]) and all(np.array_equal(a, b) for a, b in zip(results[0], other))
+    start = [*first.model_weights(), first.items.detach().numpy()]  # the round did move the model and the table
+    assert not np.array_equal(start[-1], results[0][-1]) and any(not np.array_equal(a, b) for a, b in zip(start, results[0]))
 
 
 def _push_items(server, signs):

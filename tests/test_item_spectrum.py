@@ -28,7 +28,9 @@ def test_rank_cuts_are_the_best_low_rank_approximations():
     rng = np.random.default_rng(1)
     a = rng.standard_normal((50, 20))
     sv = np.linalg.svd(a, compute_uv=False)
-    for r, cut in rank_cuts(a, [1, 5, 20]).items():
+    cuts = rank_cuts(a, [1, 5, 20])
+    assert sorted(cuts) == [1, 5, 20]
+    for r, cut in cuts.items():
         err = np.linalg.norm(a - cut)
         assert np.isclose(err, np.sqrt((sv[r:] ** 2).sum()), rtol=1e-5, atol=1e-4)  # Eckart-Young; float32 output
 

@@ -54,6 +54,7 @@ def test_star_edges_neighbours_point_to_user_only():
     b = build_star_batch([2], [1], [3])
     ei = b.edge_index.numpy()
     neigh_nodes = set(range(1 + 2 + 1, 1 + 2 + 1 + 3))
+    assert {int(s) for s, _ in ei.T if s in neigh_nodes} == neigh_nodes  # every neighbour sends an edge
     for s, t in ei.T:
         if s in neigh_nodes:
             assert t == 0

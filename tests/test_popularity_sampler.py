@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from inprocess import drive
+from oracle_rdp import ldp_epsilon
 from test_fedgnn_protocol import SMALL, _nodes, _run
 
 from fedrec_flwr.data import UserPartitions, prepare_partitions
@@ -137,14 +138,25 @@ def test_a_forged_report_is_refused_and_counted(tiny_cfg):
 
 
 def test_the_report_costs_epsilon_per_rating_and_composes_into_the_user_total():
+    """The popularity report (one randomised-response bit per catalogue item at eps_pop) costs eps_pop per bit
+    in the basic sum, and its tight cost and the user's total compose the bits with the uploads' Laplace mechanisms
+    as Renyi DP does: the oracle's closed forms (tests/oracle_rdp.py), or the basic sum where that is smaller."""
     plain = budget(0.1, 0.2, np.array([100]), np.array([2]), 1e-5)
     with_report = budget(0.1, 0.2, np.array([100]), np.array([2]), 1e-5, report_bits=50, report_epsilon=4.0)
     report = with_report["popularity_report"]
     assert report["epsilon_per_rating"] == 4.0 and report["per_user_basic"] == pytest.approx(200.0)
-    assert report["per_user_tight"] <= 200.0
+    assert report["per_user_tight"] == pytest.approx(ldp_epsilon(0.1, 0.2, 0, 1e-5, 50, 4.0), rel=1e-9)
     assert with_report["per_user_run"]["max"]["basic"] == pytest.approx(plain["per_user_run"]["max"]["basic"] + 200.0)
-    assert plain["per_user_run"]["max"]["tight"] < with_report["per_user_run"]["max"]["tight"] <= \
+    assert plain["per_user_run"]["max"]["tight"] == pytest.approx(ldp_epsilon(0.1, 0.2, 200, 1e-5), rel=1e-9)
+    assert with_report["per_user_run"]["max"]["tight"] == pytest.approx(ldp_epsilon(0.1, 0.2, 200, 1e-5, 50, 4.0),
+                                                                         rel=1e-9)
+    assert plain["per_user_run"]["max"]["tight"] < with_report["per_user_run"]["max"]["tight"] < \
         plain["per_user_run"]["max"]["tight"] + 200.0
+    # many bits at a small eps_pop: there the RDP bound of the bits is below their basic sum, and is what counts
+    many = budget(0.05, 0.3, np.array([100]), np.array([50]), 1e-6, report_bits=1000, report_epsilon=1.0)
+    alone = ldp_epsilon(0.05, 0.3, 0, 1e-6, 1000, 1.0)
+    assert alone < 1000.0 and many["popularity_report"]["per_user_tight"] == pytest.approx(alone, rel=1e-9)
+    assert many["per_user_run"]["max"]["tight"] == pytest.approx(ldp_epsilon(0.05, 0.3, 5000, 1e-6, 1000, 1.0), rel=1e-9)
 
 
 def test_exhausted_strata_are_topped_up_to_the_servers_minimum():

@@ -195,6 +195,55 @@ def test_evaluation_from_a_node_not_asked_is_refused(tiny_cfg):
     assert out["eval_ratings"] == 2 and "not asked to evaluate" in rounds.rejections[-1][1]
 
 
+def test_an_evaluation_reply_claiming_more_absolute_error_than_its_ratings_allow_is_refused(tiny_cfg):
+    """The reported MAE is only as honest as each node's SAE: n ratings on a scale of range 4 err by at most 4 each,
+    so a node of 2 test ratings can report SAE <= 8 (its worst honest case passes) and SAE 9 is refused, counted,
+    and left out of the MAE and RMSE, whatever (in-bound) SSE it sends with it."""
+    rounds = _rounds(tiny_cfg())
+    honest = [NodeReply(100 + u, metrics={"sse": 2.0, "sae": 2.0, "n": 2}) for u in range(3)]  # each error 1
+    worst = rounds.evaluate(5, [*honest, NodeReply(103, metrics={"sse": 32.0, "sae": 8.0, "n": 2})], failures=0)
+    assert rounds.eval_rejections == 0 and worst["eval_ratings"] == 8
+    assert worst["mae"] == pytest.approx((6.0 + 8.0) / 8)  # both errors at the full range: still a possible reply
+    for sae in (9.0, 1e6):
+        hostile = NodeReply(103, metrics={"sse": 2.0, "sae": sae, "n": 2})
+        out = rounds.evaluate(6, [*honest, hostile], failures=0)
+        assert out["eval_ratings"] == 6 and out["mae"] == pytest.approx(1.0) and out["rmse"] == pytest.approx(1.0)
+        assert rounds.rejections[-1][0] == 6 and "exceed what 2 ratings" in rounds.rejections[-1][1]
+    assert rounds.eval_rejections == 2
+
+
+@pytest.mark.parametrize("users_per_node", [1, 3])
+def test_eval_fraction_asks_a_fixed_sample_of_that_share_of_the_users(tiny_cfg, users_per_node):
+    """federation.eval_fraction < 1 scores the model on round(fraction x users) users (at least one), the same
+    sample every evaluation round, and asks only the nodes hosting them; 1 asks every registered user's node."""
+    num_users = 24
+    nodes = {u: 100 + u // users_per_node for u in range(num_users)}
+
+    def plan(fraction: float) -> dict[int, list[int]]:
+        cfg = tiny_cfg(f"federation.eval_fraction={fraction}")
+        server = FedGNNServer.from_config(cfg, 20, 3.0)
+        rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(num_users), rating_span=4.0)
+        hosted: dict[int, list[int]] = {}
+        for u, node in nodes.items():
+            hosted.setdefault(node, []).append(u)
+        rounds.register(1, [NodeReply(node, frame_registration(users, [np.arange(20)] * len(users), [2] * len(users)))
+                            for node, users in hosted.items()], time.time())
+        assert not rounds.rejections and len(rounds.test_counts) == num_users
+        first = rounds.plan_eval(set(hosted))
+        assert rounds.plan_eval(set(hosted)) == first  # a fixed sample: every evaluation round asks the same users
+        return first
+
+    everyone = plan(1.0)
+    assert sorted(u for users in everyone.values() for u in users) == list(range(num_users))
+    assert set(everyone) == set(nodes.values())
+    for fraction, expected in ((0.25, 6), (0.5, 12), (0.01, 1)):
+        sampled = plan(fraction)
+        users = sorted(u for group in sampled.values() for u in group)
+        assert len(users) == expected and len(set(users)) == expected and set(users) <= set(range(num_users))
+        assert set(sampled) == {nodes[u] for u in users}  # exactly the nodes hosting the sample
+        assert all(nodes[u] == node for node, group in sampled.items() for u in group)
+
+
 def test_robust_location_resists_a_poisoned_minority():
     honest = np.random.default_rng(1).normal(0, 0.1, size=(9, 5))
     stack = np.concatenate([honest, np.full((1, 5), 1e6)])
