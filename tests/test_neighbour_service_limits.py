@@ -13,8 +13,11 @@ import gc
 import http.server
 import json
 import logging
+import os
 import secrets
 import socket
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -24,11 +27,12 @@ import numpy as np
 import pytest
 
 from fedrec_flwr.neighbours import Limits, NeighbourClient, NeighbourService, NeighbourServiceError, RequestError, serve
-from fedrec_flwr.neighbours import service as service_module
+from fedrec_flwr.neighbours import gate as gate_module
+from fedrec_flwr.neighbours.cli import main as service_main
 from fedrec_flwr.neighbours.process import start_local_service
-from fedrec_flwr.neighbours.service import RUN_FIXED_BYTES
-from fedrec_flwr.neighbours.service import main as service_main
+from fedrec_flwr.neighbours.runs import RUN_FIXED_BYTES
 
+ROOT = Path(__file__).resolve().parent.parent
 ADMIN = "a" * 64
 TOKEN = "1" * 32
 
@@ -83,20 +87,21 @@ def _connect_as(address: str, ports: set[int]) -> socket.socket:
 def strangers_elsewhere(monkeypatch):
     """Connections from the noted source ports count as the address 'stranger', all others as themselves."""
     ports: set[int] = set()
-    real = service_module._address_key
-    monkeypatch.setattr(service_module, "_address_key",
+    real = gate_module.address_key
+    monkeypatch.setattr(gate_module, "address_key",
                         lambda peer: "stranger" if peer and peer[1] in ports else real(peer))
     return ports
 
 
 # -- strangers ----------------------------------------------------------------------------------
 def test_strangers_slow_bodies_do_not_block_honest_requests_or_health():
-    # 40 strangers against 8 request slots: before the fix each held one slot until its body timed out
+    # 40 strangers against 8 request slots: none may hold a slot while its body drips in
     httpd, address = _serve(max_inflight=8, io_timeout_s=5, idle_timeout_s=5)
     try:
         secret = NeighbourClient(address, retries=0, token=ADMIN).open_run("r", 2, 5, 3)
         host, port = address.split(":")
-        heads = [_head("/runs/r/submit"), _head("/runs/r/submit", "f" * 64), _head("/runs", None), _head("/runs", "b" * 64)]
+        heads = [_head("/runs/r/submit"), _head("/runs/r/submit", "f" * 64), _head("/runs", None),
+                 _head("/runs", "b" * 64)]
         strangers = []
         for i in range(40):  # a request head and one byte of body each, then they hold
             sock = socket.create_connection((host, int(port)), timeout=5)
@@ -136,11 +141,11 @@ def test_unauthenticated_bodies_are_refused_before_being_read():
                 reply, waited = _reply(sock)
             assert _status(reply) == status and b"100 Continue" not in reply, reply[:200]
             assert waited < 1.0 and json.loads(reply.partition(b"\r\n\r\n")[2])["error"]
-        assert httpd.app.body_reads == 1  # only open_run's body was read
+        assert httpd.handlers.body_reads == 1  # only open_run's body was read
         with socket.create_connection((host, int(port)), timeout=5) as sock:  # the right secret: now it is read
             sock.sendall(_head("/runs/r/submit", secret, length=10**9))
             reply, _ = _reply(sock)
-        assert _status(reply) == 413 and httpd.app.body_reads == 1  # too big for this run: refused from the head
+        assert _status(reply) == 413 and httpd.handlers.body_reads == 1  # too big for this run: refused from the head
         body = json.dumps({"handle": "c" * 32, "embedding": [1, 2], "tokens": [TOKEN]}).encode()
         with socket.create_connection((host, int(port)), timeout=5) as sock:
             sock.sendall(_head("/runs/r/submit", secret, length=len(body), extra=b"Expect: 100-continue\r\n"))
@@ -148,7 +153,7 @@ def test_unauthenticated_bodies_are_refused_before_being_read():
             sock.sendall(body)
             sock.settimeout(5)
             assert b"stored" in sock.recv(4096)
-        assert httpd.app.body_reads == 2
+        assert httpd.handlers.body_reads == 2
     finally:
         httpd.shutdown()
 
@@ -261,13 +266,13 @@ def test_loopback_clients_skip_per_address_limits_unless_told(exempt):
 
 
 def test_address_keys_group_ipv6_by_64_and_unmap_ipv4():
-    key = service_module._address_key
+    key, is_loopback = gate_module.address_key, gate_module.is_loopback
     assert key(("10.1.2.3", 5)) == "10.1.2.3"
     assert key(("::ffff:10.1.2.3", 5, 0, 0)) == "10.1.2.3"
     assert key(("2001:db8:1:2:aaaa::1", 5, 0, 0)) == key(("2001:db8:1:2:bbbb::9", 7, 0, 0)) == "2001:db8:1:2::/64"
     assert key(("2001:db8:1:3::1", 5, 0, 0)) != key(("2001:db8:1:2::1", 5, 0, 0))
-    assert key(("::1", 5, 0, 0)) == "::1" and service_module._is_loopback("::1") and service_module._is_loopback("127.0.0.9")
-    assert not service_module._is_loopback("2001:db8:1:2::/64") and not service_module._is_loopback("10.1.2.3")
+    assert key(("::1", 5, 0, 0)) == "::1" and is_loopback("::1") and is_loopback("127.0.0.9")
+    assert not is_loopback("2001:db8:1:2::/64") and not is_loopback("10.1.2.3")
 
 
 # -- storage budgets ------------------------------------------------------------------------------
@@ -360,7 +365,8 @@ def test_the_service_process_stays_within_its_memory_limit():
             client = NeighbourClient(address, retries=0, token=admin.open_run(run, 64, 2000, 10))
             for _ in range(2000):
                 try:
-                    client.submit(run, secrets.token_hex(16), rng.standard_normal(64), [secrets.token_hex(16) for _ in range(2000)])
+                    client.submit(run, secrets.token_hex(16), rng.standard_normal(64),
+                                  [secrets.token_hex(16) for _ in range(2000)])
                 except NeighbourServiceError as exc:
                     assert "storage budget exhausted" in str(exc)
                     refused += 1
@@ -369,18 +375,24 @@ def test_the_service_process_stays_within_its_memory_limit():
         peak = int(next(line.split()[1] for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
                         if line.startswith("VmHWM:"))) * 1024
         assert refused == 2 and stats["stored_bytes"] > 0.8 * stats["reserved_by_runs"], stats
-        print(f"peak RSS {peak} bytes = {peak / limit:.3f} x --max-memory-bytes {limit}; stored {stats['stored_bytes']}")
+        print(f"peak RSS {peak} bytes = {peak / limit:.3f} x --max-memory-bytes {limit}; "
+              f"stored {stats['stored_bytes']}")
         assert peak < 1.2 * limit, (peak, stats)
     finally:
         proc.terminate()
         proc.wait(10)
 
 
-def test_a_memory_limit_below_what_the_process_needs_is_refused_at_start(monkeypatch):
+def test_a_memory_limit_below_what_the_process_needs_is_refused_at_start(monkeypatch, capsys):
     monkeypatch.setenv("FEDREC_NB_ADMIN_TOKEN", ADMIN)
+    with socket.socket() as sock:  # a port that is free now
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     with pytest.raises(SystemExit) as exit_:
-        service_main(["--host", "127.0.0.1", "--port", "0", "--max-memory-bytes", "20000000"])
-    assert "--max-memory-bytes 20000000 leaves no room for data" in str(exit_.value.code)
+        service_main(["--host", "127.0.0.1", "--port", str(port), "--max-memory-bytes", "20000000"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--max-memory-bytes 20000000 leaves no room for data" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
 
 
 def test_a_large_reply_is_streamed_and_arrives_whole():
@@ -405,10 +417,65 @@ def test_limits_out_of_range_are_a_usage_error(capsys, monkeypatch):
                            (["--max-memory-bytes", "x"], "invalid int value"),
                            (["--exempt-loopback", "2"], "--exempt-loopback must be 0 or 1")):
         with pytest.raises(SystemExit) as exit_:
-            service_main(["--port", "0", *flags])
+            service_main(["--port", "8765", *flags])  # refused before anything listens
         assert exit_.value.code == 2 and message in capsys.readouterr().err
     with pytest.raises(ValueError, match="max-inflight-per-address must be an integer >= 1"):
         NeighbourService(Limits(max_inflight_per_address=0))
+
+
+def _bad_flag_cases(tmp_path: Path) -> list[tuple[list[str], str]]:
+    short, garbage = tmp_path / "short-token", tmp_path / "garbage.pem"
+    short.write_text("abc\n")
+    garbage.write_text("not a certificate\n")
+    missing = str(tmp_path / "missing")
+    return [
+        (["--port", "70000"], "argument --port: expected a TCP port in 1-65535, got '70000'"),
+        (["--port", "0"], "argument --port: expected a TCP port in 1-65535"),
+        (["--port", "http"], "argument --port: expected a TCP port in 1-65535"),
+        (["--host", " "], "--host must be a host name or IP address"),
+        (["--max-body-bytes", "0"], "--max-body-bytes must be an integer >= 1, got 0"),
+        (["--max-runs", "1.5"], "argument --max-runs: invalid int value"),
+        (["--idle-timeout-s", "nan"], "--idle-timeout-s must be a positive number of seconds"),
+        (["--run-ttl-s", "inf"], "--run-ttl-s must be a positive number of seconds"),
+        (["--parent-pid", "-3"], "argument --parent-pid: expected a process id"),
+        (["--parent-pid", str(os.getpid())], f"--parent-pid {os.getpid()} is not this process's parent"),
+        (["--admin-token-file", missing], f"--admin-token-file {missing}: cannot read it"),
+        (["--admin-token-file", str(short)], "an admin token of at least 16 characters is required"),
+        (["--certfile", str(garbage)], "--certfile and --keyfile go together"),
+        (["--certfile", missing, "--keyfile", str(garbage)], f"--certfile {missing}: no such file"),
+        (["--certfile", str(garbage), "--keyfile", str(garbage)], "not a PEM certificate and its private key"),
+        (["--max-connection", "5"], "unrecognized arguments: --max-connection"),  # no abbreviations
+    ]
+
+
+def test_bad_flags_print_one_line_naming_the_flag_and_exit_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FEDREC_NB_ADMIN_TOKEN", ADMIN)
+    for flags, message in _bad_flag_cases(tmp_path):
+        with pytest.raises(SystemExit) as exit_:
+            service_main(["--host", "127.0.0.1", "--port", "8765", *flags])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2, flags
+        assert err.startswith("error: fedrec-neighbour-service: ") and err.count("\n") == 1, err
+        assert message in err and "Traceback" not in err, (flags, err)
+    with socket.socket() as taken:  # an address already in use: one line naming --host and --port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            service_main(["--host", "127.0.0.1", "--port", str(port)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert f"--host 127.0.0.1 --port {port}: cannot listen there" in err, err
+
+
+def test_the_console_script_refuses_a_bad_port_without_a_traceback():
+    """`python -m fedrec_flwr.neighbours.cli --port 70000`, as an operator would run it: one line, exit 2."""
+    env = {**os.environ, "FEDREC_NB_ADMIN_TOKEN": ADMIN}
+    proc = subprocess.run([sys.executable, "-m", "fedrec_flwr.neighbours.cli", "--port", "70000"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert proc.stderr.splitlines() == ["error: fedrec-neighbour-service: argument --port: expected a TCP port in "
+                                        "1-65535, got '70000' (see `fedrec-neighbour-service --help`)"], proc.stderr
 
 
 def test_refusals_log_one_line_each_and_no_traceback(caplog):
@@ -416,8 +483,9 @@ def test_refusals_log_one_line_each_and_no_traceback(caplog):
     host, port = address.split(":")
     try:
         with caplog.at_level(logging.DEBUG):
-            for data in (_head("/runs/r/submit", length=3) + b"{}}", b"GARBAGE\r\n\r\n", _head("/nowhere", ADMIN, length=2) + b"{}",
-                         _head("/runs", ADMIN, length=9) + b"{not json", b"POST /runs HTTP/1.1\r\nContent-Length: x\r\n\r\n"):
+            for data in (_head("/runs/r/submit", length=3) + b"{}}", b"GARBAGE\r\n\r\n",
+                         _head("/nowhere", ADMIN, length=2) + b"{}", _head("/runs", ADMIN, length=9) + b"{not json",
+                         b"POST /runs HTTP/1.1\r\nContent-Length: x\r\n\r\n"):
                 with socket.create_connection((host, int(port)), timeout=5) as sock:
                     sock.sendall(data)
                     assert _status(_reply(sock)[0]) in (400, 401, 404)
@@ -489,8 +557,10 @@ def test_a_device_refuses_hostile_neighbour_replies(hostile, reply, message):
 
 def test_the_device_checks_against_what_it_knows_of_the_run(hostile):
     server, address = hostile
-    server.RequestHandlerClass = type("H", (_Hostile,), {"reply": json.dumps({"embeddings": _rows(3, 8), "dim": 8}).encode()})
-    assert NeighbourClient(address, retries=0).neighbours("r", "a" * 32).shape == (3, 8)  # nothing known: self-consistent
+    server.RequestHandlerClass = type("H", (_Hostile,),
+                                      {"reply": json.dumps({"embeddings": _rows(3, 8), "dim": 8}).encode()})
+    # nothing known of the run: the reply need only be self-consistent
+    assert NeighbourClient(address, retries=0).neighbours("r", "a" * 32).shape == (3, 8)
     assert NeighbourClient(address, retries=0).neighbours("r", "a" * 32, dim=8, max_neighbours=3).dtype == np.float32
     with pytest.raises(NeighbourServiceError, match="dimension 8, but this run's embeddings have 4"):
         NeighbourClient(address, retries=0).neighbours("r", "a" * 32, dim=4)
@@ -499,7 +569,8 @@ def test_the_device_checks_against_what_it_knows_of_the_run(hostile):
     server.RequestHandlerClass = type("H", (_Hostile,), {"reply": b'{"status": "stored"}'})
     device = NeighbourClient(address, retries=0)
     device.submit("r", "a" * 32, np.zeros(4), [TOKEN])  # the dim this device submitted is the run's
-    server.RequestHandlerClass = type("H", (_Hostile,), {"reply": json.dumps({"embeddings": _rows(1, 8), "dim": 8}).encode()})
+    server.RequestHandlerClass = type("H", (_Hostile,),
+                                      {"reply": json.dumps({"embeddings": _rows(1, 8), "dim": 8}).encode()})
     with pytest.raises(NeighbourServiceError, match="dimension 8, but this run's embeddings have 4"):
         device.neighbours("r", "a" * 32)
     server.RequestHandlerClass = type("H", (_Hostile,), {"reply": b'{"status": "open", "secret": ["x"]}'})

@@ -29,9 +29,9 @@ from fedrec_flwr.neighbours import (
     new_run_key,
     serve,
 )
+from fedrec_flwr.neighbours.cli import main as service_main
+from fedrec_flwr.neighbours.http_app import SUBMIT_BYTES_FIXED, SUBMIT_BYTES_PER_TOKEN, SUBMIT_BYTES_PER_VALUE
 from fedrec_flwr.neighbours.process import start_local_service
-from fedrec_flwr.neighbours.service import SUBMIT_BYTES_FIXED, SUBMIT_BYTES_PER_TOKEN, SUBMIT_BYTES_PER_VALUE
-from fedrec_flwr.neighbours.service import main as service_main
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN = "a" * 64
@@ -172,7 +172,8 @@ def test_tokens_under_another_key_share_nothing_and_service_holds_no_key(service
     assert len(set(real)) == 500 and not set(real) & set(other)
     sent: list[str] = []
     original = NeighbourClient._post
-    monkeypatch.setattr(NeighbourClient, "_post", lambda self, path, body: sent.append(json.dumps(body)) or original(self, path, body))
+    monkeypatch.setattr(NeighbourClient, "_post",
+                        lambda self, path, body: sent.append(json.dumps(body)) or original(self, path, body))
     client = NeighbourClient(address)
     client.open_run("k", 2, 600, 5)
     client.submit("k", new_handle(), np.zeros(2), real)
@@ -232,7 +233,8 @@ def test_only_the_operator_opens_and_closes_runs_and_only_their_clients_write_an
         assert _request(address, path, body, token=other)[0] == 403  # another run's
         assert _request(address, path, body, token=ADMIN)[0] == 403  # the admin token is not a run secret
     assert _request(address, "/runs/r/submit", entry, token=secret) == (200, {"status": "stored"})
-    assert _request(address, "/runs/r/neighbours", {"handle": "c" * 32}, token=secret) == (200, {"embeddings": [], "dim": 2})
+    assert _request(address, "/runs/r/neighbours", {"handle": "c" * 32}, token=secret) == (
+        200, {"embeddings": [], "dim": 2})
     assert _request(address, "/runs/r/close", {}, token=secret)[0] == 403  # a client cannot end the run
     assert _request(address, "/runs/r/close", {})[0] == 401
     assert _request(address, "/runs/r/close", {}, token=ADMIN) == (200, {"status": "closed"})
@@ -294,7 +296,8 @@ def test_limits_on_runs_handles_tokens_dimensions_and_storage():
     svc.submit("b", "b" * 32, [0, 0], ["4" * 32, "5" * 32, "6" * 32, "7" * 32])
 
 
-SUBMIT_LIMIT = SUBMIT_BYTES_FIXED + 5 * SUBMIT_BYTES_PER_TOKEN + 2 * SUBMIT_BYTES_PER_VALUE  # _open's run: 5 tokens, dim 2
+# what a submit to _open's run (5 tokens, dim 2) may take at most
+SUBMIT_LIMIT = SUBMIT_BYTES_FIXED + 5 * SUBMIT_BYTES_PER_TOKEN + 2 * SUBMIT_BYTES_PER_VALUE
 
 
 def test_oversized_bodies_are_refused_with_413(secured):
@@ -394,7 +397,8 @@ def test_a_reader_that_never_reads_its_reply_is_cut_off():
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", httpd.server_address[1]))
-        sock.sendall(b"POST /runs/r/neighbours HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(request) + request)
+        sock.sendall(b"POST /runs/r/neighbours HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(request)
+                     + request)
         time.sleep(3)  # never reading meanwhile
         sock.settimeout(5)
         got = 0
@@ -423,30 +427,22 @@ def _post(path: str, body: bytes, extra: bytes = b"") -> bytes:
         (_post("/runs/r/submit", b""), 400, "must be a JSON object"),
         (_post("/runs/r/submit", b"[" * 1000), 400, "at most 8 arrays and objects"),  # nesting: refused unparsed
         (_post("/runs/r/submit", b"[" * 60_000), 413, f"over {SUBMIT_LIMIT} bytes"),
-        (_post("/runs/r/submit", b'{"handle": 7, "embedding": [0, 0], "tokens": ["' + b"1" * 32 + b'"]}'), 400, "handle must be"),
-        (_post("/runs/r/submit", b'{"handle": "' + b"a" * 32 + b'", "embedding": "00", "tokens": ["' + b"1" * 32 + b'"]}'),
-         400, "2 finite numbers"),
+        (_post("/runs/r/submit", b'{"handle": 7, "embedding": [0, 0], "tokens": ["' + b"1" * 32 + b'"]}'), 400,
+         "handle must be"),
+        (_post("/runs/r/submit", b'{"handle": "' + b"a" * 32 + b'", "embedding": "00", "tokens": ["' + b"1" * 32
+               + b'"]}'), 400, "2 finite numbers"),
         (_post("/runs/r/submit", b'{"handle": "' + b"a" * 32 + b'", "embedding": [0, 0], "tokens": {"a": 1}}'), 400,
          "tokens must be a non-empty list"),
-        (_post("/runs/r/submit", b'{"handle": "' + b"a" * 32 + b'", "embedding": [1e999, 0], "tokens": ["' + b"1" * 32 + b'"]}'),
-         400, "2 finite numbers"),
+        (_post("/runs/r/submit", b'{"handle": "' + b"a" * 32 + b'", "embedding": [1e999, 0], "tokens": ["' + b"1" * 32
+               + b'"]}'), 400, "2 finite numbers"),
         (_post("/runs/ghost/submit", b"{}"), 404, "unknown run 'ghost'"),
         (_post("/runs/r/neighbours", b'{"handle": "' + b"b" * 32 + b'"}'), 404, "has not submitted"),
         (_post("/nowhere", b"{}"), 404, "no such endpoint /nowhere"),
         (_post("/runs/r/submit/extra", b"{}"), 404, "no such endpoint"),
         (b"GET /runs HTTP/1.1\r\nHost: x\r\n\r\n", 405, "GET not allowed on /runs"),
         (b"DELETE /health HTTP/1.1\r\nHost: x\r\n\r\n", 405, "DELETE not allowed on /health"),
-        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}", 400, "Content-Length"),
-        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: -2\r\n\r\n{}", 400, "Content-Length"),
-        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}", 400,
-         "Content-Length"),
-        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n{\"handle\": 1}", 400,
-         "Invalid method"),  # a Content-Length shorter than the body: the rest is no request (a longer one: 408, above)
-        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{}", 413, f"over {SUBMIT_LIMIT} bytes"),
-        (b"GARBAGE\r\n\r\n", 400, "Invalid method"),
-        (b"POST /runs HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 10_000 + b"\r\n\r\n", 400, "2048 bytes"),
-        (b"POST /runs HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(20)) + b"\r\n", 400,
-         "Too many headers"),
+        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999\r\n\r\n{}", 413,
+         f"over {SUBMIT_LIMIT} bytes"),
     ],
 )
 def test_malformed_requests_are_answered_with_a_json_error(secured, data, status, message):
@@ -455,6 +451,36 @@ def test_malformed_requests_are_answered_with_a_json_error(secured, data, status
     data = data.replace(b"Host: x\r\n", b"Host: x\r\nAuthorization: Bearer " + secret.encode() + b"\r\n", 1)
     got, body, _ = _raw(address, data)
     assert got == status and isinstance(body, dict) and message in body["error"], body
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n{}", "Content-Length"),
+        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: -2\r\n\r\n{}", "Content-Length"),
+        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}",
+         "Content-Length"),
+        (b"POST /runs/r/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n{\"handle\": 1}",
+         "Invalid method"),  # a Content-Length shorter than the body: the rest is no request (a longer one: 408, above)
+        (b"GARBAGE\r\n\r\n", "Invalid method"),
+        (b"POST /runs HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 10_000 + b"\r\n\r\n", "2048 bytes"),
+        (b"POST /runs HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(20)) + b"\r\n",
+         "Too many headers"),
+    ],
+)
+def test_requests_aiohttp_cannot_parse_are_answered_400_and_closed(secured, data, message):
+    """aiohttp's parser refuses these before any route sees them: its own 400 naming the problem, then close."""
+    _, address = secured
+    host, port = address.split(":")
+    start = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(data)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert int(head.split()[1]) == 400 and message.encode() in body, reply[:300]
+    assert time.monotonic() - start < 1.0  # closed at once, not at the idle timeout
 
 
 # -- deployment: TLS, admin token, the process ----------------------------------------------
@@ -492,7 +518,8 @@ def test_a_local_service_stops_when_the_process_that_started_it_is_killed():
 
 
 def test_tls_with_the_deployment_certificates(certs):
-    httpd, _ = serve("127.0.0.1", 0, admin_token=ADMIN, certfile=str(certs / "server.pem"), keyfile=str(certs / "server.key"))
+    httpd, _ = serve("127.0.0.1", 0, admin_token=ADMIN, certfile=str(certs / "server.pem"),
+                     keyfile=str(certs / "server.key"))
     address = f"127.0.0.1:{httpd.server_address[1]}"
     try:
         admin = NeighbourClient(address, retries=0, token=ADMIN, ca_file=str(certs / "ca.crt"))
@@ -500,7 +527,8 @@ def test_tls_with_the_deployment_certificates(certs):
         client = NeighbourClient(address, retries=0, token=admin.open_run("r", 2, 5, 3), ca_file=str(certs / "ca.crt"))
         client.submit("r", "a" * 32, np.zeros(2), [TOKEN])
         assert client.neighbours("r", "a" * 32).shape == (0, 2)
-        with pytest.raises(NeighbourServiceError, match="failed TLS verification.*CERTIFICATE_VERIFY_FAILED"):  # not signed by a CA we trust
+        # not signed by a CA we trust
+        with pytest.raises(NeighbourServiceError, match="failed TLS verification.*CERTIFICATE_VERIFY_FAILED"):
             NeighbourClient(f"https://{address}", retries=0, token=ADMIN).open_run("x", 2, 5, 3)
         with pytest.raises(NeighbourServiceError, match="unreachable"):  # plain HTTP to the TLS port
             NeighbourClient(address, retries=0, token=ADMIN).open_run("x", 2, 5, 3)
@@ -508,7 +536,7 @@ def test_tls_with_the_deployment_certificates(certs):
         httpd.shutdown()
 
 
-def test_local_service_draws_its_admin_token_and_the_console_script_needs_one(monkeypatch):
+def test_local_service_draws_its_admin_token_and_the_console_script_needs_one(monkeypatch, capsys):
     address, proc, token = start_local_service()
     try:
         assert len(token) == 64
@@ -520,8 +548,8 @@ def test_local_service_draws_its_admin_token_and_the_console_script_needs_one(mo
         proc.wait(10)
     monkeypatch.delenv("FEDREC_NB_ADMIN_TOKEN", raising=False)
     with pytest.raises(SystemExit) as exit_:
-        service_main(["--port", "0"])
-    assert exit_.value.code == 2
+        service_main(["--port", "8765"])
+    assert exit_.value.code == 2 and "an admin token of at least 16 characters is required" in capsys.readouterr().err
 
 
 def test_http_refusal_reaches_the_client_verbatim(service):
@@ -552,7 +580,8 @@ def test_restart_mid_expansion_is_an_error_not_a_half_expanded_graph():
     httpd.server_close()
     restarted, _ = serve("127.0.0.1", port)  # same address, fresh state
     try:
-        with pytest.raises(NeighbourServiceError, match="unknown run 'r' \\(not opened, closed, expired, or the service restarted\\)"):
+        with pytest.raises(NeighbourServiceError,
+                           match="unknown run 'r' \\(not opened, closed, expired, or the service restarted\\)"):
             client.neighbours("r", handle)
     finally:
         restarted.shutdown()

@@ -1,8 +1,10 @@
 """Privacy-preserving graph expansion: keyed item tokens, the third-party service, its client."""
 
 from .client import NeighbourClient, NeighbourServiceError
-from .service import ADMIN_TOKEN_ENV, Limits, NeighbourService, RequestError, serve
+from .limits import Limits, RequestError
+from .server import serve
+from .service import NeighbourService
 from .tokens import item_tokens, new_handle, new_run_key
 
-__all__ = ["ADMIN_TOKEN_ENV", "Limits", "NeighbourClient", "NeighbourService", "NeighbourServiceError", "RequestError",
-           "item_tokens", "new_handle", "new_run_key", "serve"]
+__all__ = ["Limits", "NeighbourClient", "NeighbourService", "NeighbourServiceError", "RequestError", "item_tokens",
+           "new_handle", "new_run_key", "serve"]

@@ -8,9 +8,9 @@ import secrets
 
 from fedrec_flwr.fedgnn.protocol import ExpansionLink
 
+from .cli import ADMIN_TOKEN_ENV
 from .client import NeighbourClient, NeighbourServiceError
 from .process import start_local_service
-from .service import ADMIN_TOKEN_ENV
 from .tokens import new_run_key
 
 log = logging.getLogger(__name__)

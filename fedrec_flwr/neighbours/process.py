@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.request
 
-from .service import ADMIN_TOKEN_ENV
+from .cli import ADMIN_TOKEN_ENV
 
 
 def _free_port() -> int:
@@ -20,8 +20,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_local_service(timeout_s: float = 20.0, extra_args: list[str] | None = None) -> tuple[str, subprocess.Popen, str]:
-    """Spawn `python -m fedrec_flwr.neighbours.service` on a free loopback port; stopped at exit, and stopping
+def start_local_service(timeout_s: float = 20.0,
+                        extra_args: list[str] | None = None) -> tuple[str, subprocess.Popen, str]:
+    """Spawn `python -m fedrec_flwr.neighbours.cli` on a free loopback port; stopped at exit, and stopping
     itself within a second or so when this process is gone (killed, so that no atexit ran).
 
     Draws a fresh admin token and hands it over in the environment (not argv, which `ps` shows);
@@ -29,7 +30,7 @@ def start_local_service(timeout_s: float = 20.0, extra_args: list[str] | None = 
     """
     port, token = _free_port(), secrets.token_hex(32)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fedrec_flwr.neighbours.service", "--host", "127.0.0.1", "--port", str(port),
+        [sys.executable, "-m", "fedrec_flwr.neighbours.cli", "--host", "127.0.0.1", "--port", str(port),
          "--parent-pid", str(os.getpid()), *(extra_args or [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, ADMIN_TOKEN_ENV: token},
     )
