@@ -254,7 +254,8 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
     """Logical rounds `first` .. the last, by the run's schedule, their records appended to `history`;
     `save_checkpoint(round)` after every checkpoint.every-th training round but the last."""
     connected = set(users)  # node id = user id
-    total = len(rounds.schedule)  # logical rounds 1 .. total: registration, training, expansion
+    lifecycle = rounds.lifecycle
+    total = lifecycle.last_round  # logical rounds 1 .. total: registration, training, expansion
     for rnd in range(first, total + 1):
         phase = rounds.phase(rnd)
         if phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
@@ -269,10 +270,10 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
             continue
         # trainable expansion: each sampled user re-submits and re-fetches before it trains, once it has expanded
         round_config = (RoundConfig(phase=phase, round=rnd, expansion=link, retries=cfg.expansion.retries,
-                                    refresh_neighbours=True) if rounds.refreshes_neighbours(rnd) else None)
+                                    refresh_neighbours=True) if lifecycle.refreshes_neighbours(rnd) else None)
         weights = server.model_weights()
         plan = rounds.plan_train(rnd, connected)  # node -> hosted users; the round's users train as one batch
-        hosted = [u for us in plan.values() for u in us]
+        hosted = [u for us in plan.nodes.values() for u in us]
         if rounds.is_secure(phase):  # one node hosting every user: the same sum, and all N noise shares in one draw
             f = cfg.federation
             _, table, _ = split_table_download(rounds.download(hosted, weights), len(weights))
@@ -286,21 +287,21 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
             uploads = dict(zip(hosted, train_users([user(u) for u in hosted], weights, rows, rnd, round_config,
                                                    cfg.simulation.user_batch)))
             replies = [NodeReply(node, frame_train_upload(us, [uploads[u] if tamper is None else tamper(u, rnd, uploads[u])
-                                                               for u in us])) for node, us in plan.items()]
-            out = rounds.train(rnd, replies, [], t0, 0.0)
+                                                               for u in us])) for node, us in plan.nodes.items()]
+            out = rounds.train(plan, replies, [], t0, 0.0)
         rec = {"round": rounds.train_rounds_done, "round_seconds": time.time() - t0, "clients": out["accepted"],
                "rejected": out["rejected"]}
-        if rounds.is_eval_round(rnd == total):  # a mode that evaluates after training (others: evaluate-sum rounds, above)
+        if rounds.evaluates_after(rnd):  # a mode that evaluates after training (others: evaluate-sum rounds, above)
             weights = server.model_weights()
 
             def rmse(table: np.ndarray | None = None, neighbours: bool = True) -> float:
                 if table is None and neighbours:
-                    replies = []
-                    for node, hosted in rounds.plan_eval(connected).items():
+                    replies, plan = [], rounds.plan_eval(rnd, connected)
+                    for node, hosted in plan.nodes.items():
                         _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
                         sse, sae, n = (sum(x) for x in zip(*(user(u).evaluate(weights, r) for u, r in zip(hosted, rows))))
                         replies.append(NodeReply(node, metrics={"sse": sse, "sae": sae, "n": int(n)}))
-                    return rounds.evaluate(rnd, replies, 0)["rmse"]
+                    return rounds.evaluate(plan, replies, 0)["rmse"]
                 table = server.table() if table is None else table
                 sse = n = 0.0
                 for u in users:
@@ -319,6 +320,5 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
             if log_every:
                 print(f"[in-process] round {rec['round']} rmse {rec['rmse']:.4f} ({rec['round_seconds']:.2f}s/round)", flush=True)
         history.append(rec)
-        if (save_checkpoint is not None and phase == PHASE_TRAIN and rnd < total
-                and rounds.train_rounds_done % cfg.checkpoint.every == 0):
+        if save_checkpoint is not None and rnd < total and lifecycle.checkpoints_after(rnd, rounds.train_rounds_done):
             save_checkpoint(rnd)

@@ -34,7 +34,7 @@ from fedrec_flwr.fedgnn.protocol import (
     RoundConfig,
     array_bytes,
 )
-from fedrec_flwr.fedgnn.rounds import FedGNNRounds
+from fedrec_flwr.fedgnn.rounds import FedGNNRounds, RoundPlan
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.results import RunRecorder, records_failure
@@ -63,9 +63,11 @@ class FedGNNStrategy(Strategy):
         if cfg.expansion.mode != "none" and expansion is None:
             raise ValueError(f"expansion.mode = {cfg.expansion.mode!r} needs a neighbour service link")
         self.checkpointer = Checkpointer(checkpoint_folder(cfg))
-        self.offset = self.rounds.first_round - 1  # logical round = Flower round + offset
-        self.resumed_from = -1
+        self.lifecycle = self.rounds.lifecycle  # which logical round each Flower round is, and what it does
+        self.resumed_after: int | None = None  # the logical round a resumed run's checkpoint was written after
         self.last_checkpoint = 0
+        self.train_plan: RoundPlan | None = None  # from configure_fit to aggregate_fit (Flower's calls of a round)
+        self.eval_plan: RoundPlan | None = None
         self.round_started = time.time()
         self.bytes_down = 0.0  # mean per user, current round
         if cfg.checkpoint.resume:
@@ -74,13 +76,12 @@ class FedGNNStrategy(Strategy):
     # -- rounds ------------------------------------------------------------------------
     @property
     def num_rounds(self) -> int:
-        """Flower rounds this run needs (registration, training, expansion; fewer when resumed)."""
-        return len(self.rounds.schedule) - self.offset
+        """Flower rounds this run needs (`Lifecycle.flower_rounds`: fewer when resumed)."""
+        return self.lifecycle.flower_rounds(self.resumed_after)
 
     def logical(self, server_round: int) -> int:
-        """The round of the uninterrupted run that this Flower round is: registration is logical round 1,
-        popularity reports (if any) round 0, and a resumed run starts by re-registering."""
-        return 1 if server_round == 1 and self.resumed_from >= 0 else server_round + self.offset
+        """The round of the uninterrupted run that this Flower round is (`Lifecycle.logical`)."""
+        return self.lifecycle.logical(server_round, self.resumed_after)
 
     def phase(self, server_round: int) -> str:
         """The phase of a Flower round."""
@@ -100,23 +101,22 @@ class FedGNNStrategy(Strategy):
                                self.server.num_item_features)
         self.rounds.check_resume_point(self.checkpointer.path, state)
         done = self.rounds.restore(state)
-        self.offset = done - 1
-        self.resumed_from = self.last_checkpoint = done
+        self.resumed_after = self.last_checkpoint = done
         log.info("resumed from %s after logical round %d (%d training rounds done)", self.checkpointer.folder, done,
                  self.rounds.train_rounds_done)
 
     def _maybe_checkpoint(self, server_round: int) -> None:
-        every = self.cfg.checkpoint.every
-        if not every or self.phase(server_round) != PHASE_TRAIN or self.rounds.train_rounds_done % every:
-            return
         done = self.logical(server_round)
+        if not self.lifecycle.checkpoints_after(done, self.rounds.train_rounds_done):
+            return
         self.checkpointer.save({**self.rounds.checkpoint_state(done), "config": to_dict(self.cfg)})
         self.last_checkpoint = done
         log.info("round %d: checkpoint written to %s", done, self.checkpointer.folder)
 
     def _round_config(self, server_round: int, **extra) -> dict:
         return RoundConfig(phase=self.phase(server_round), round=self.logical(server_round),
-                           ckpt=self.last_checkpoint, resume_from=self.resumed_from, **extra).to_flower()
+                           ckpt=self.last_checkpoint,
+                           resume_from=-1 if self.resumed_after is None else self.resumed_after, **extra).to_flower()
 
     def _expansion(self) -> dict:
         return {"expansion": self.expansion, "retries": self.cfg.expansion.retries}
@@ -171,21 +171,21 @@ class FedGNNStrategy(Strategy):
             ins = FitIns(ndarrays_to_parameters(payload), self._round_config(server_round))
             return [(nodes[nid], ins) for nid in self.rounds.plan_evaluate_sum(set(nodes))]
         extra = {}
-        if self.rounds.refreshes_neighbours(logical):
+        if self.lifecycle.refreshes_neighbours(logical):
             extra = {**self._expansion(), "refresh_neighbours": True}
         config = self._round_config(server_round, **extra)
-        plan = self.rounds.plan_train(logical, set(nodes))
+        plan = self.train_plan = self.rounds.plan_train(logical, set(nodes))
         if self.is_secure_round(server_round):  # one download for every node: the model and the whole table
             payload = self.rounds.download([], self.server.model_weights())
             self.bytes_down = float(array_bytes(payload))
             ins = FitIns(ndarrays_to_parameters(payload), config)
-            return [(nodes[nid], ins) for nid in plan]
+            return [(nodes[nid], ins) for nid in plan.nodes]
         out, down, weights = [], 0, self.server.model_weights()
-        for nid, users in plan.items():
+        for nid, users in plan.nodes.items():
             payload = self.rounds.download(users, weights)
             down += array_bytes(payload)
             out.append((nodes[nid], FitIns(ndarrays_to_parameters(payload), config)))
-        self.bytes_down = down / max(sum(len(u) for u in plan.values()), 1)
+        self.bytes_down = down / max(sum(len(u) for u in plan.nodes.values()), 1)
         return out
 
     @records_failure
@@ -204,7 +204,9 @@ class FedGNNStrategy(Strategy):
             step = self.rounds.popularity if phase == PHASE_POPULARITY else self.rounds.register
             step(logical, replies, self.round_started)
             return ndarrays_to_parameters(self.server.model_weights()), {}
-        record = self.rounds.train(logical, replies, reasons, self.round_started, self.bytes_down)
+        if self.train_plan is None or self.train_plan.round != logical:
+            raise RuntimeError(f"aggregate_fit of logical round {logical} without its configure_fit")
+        record = self.rounds.train(self.train_plan, replies, reasons, self.round_started, self.bytes_down)
         if not self._is_eval_round(server_round):  # eval rounds checkpoint after their evaluation
             self._maybe_checkpoint(server_round)
         metrics = {k: v for k, v in record.items() if isinstance(v, (int, float))}
@@ -252,13 +254,7 @@ class FedGNNStrategy(Strategy):
         return ndarrays_to_parameters(self.server.model_weights()), {}
 
     def _is_eval_round(self, server_round: int) -> bool:
-        if self.rounds.mechanism.evaluates_in_own_rounds:  # evaluate-sum rounds, through SecAgg+
-            return False
-        if self.phase(server_round) != PHASE_TRAIN:
-            # a run resumed from its last training round (killed during the final evaluation) only
-            # re-registers the users, then evaluates
-            return self.resumed_from >= 0 and server_round == self.num_rounds and self.rounds.train_rounds_done > 0
-        return self.rounds.is_eval_round(server_round == self.num_rounds)
+        return self.lifecycle.evaluates_at(server_round, self.rounds.train_rounds_done, self.resumed_after)
 
     @records_failure
     def configure_evaluate(self, server_round: int, parameters: Parameters, client_manager: ClientManager):
@@ -267,14 +263,17 @@ class FedGNNStrategy(Strategy):
             return []
         nodes = self._registered_nodes(client_manager)
         weights, config = self.server.model_weights(), self._round_config(server_round)
+        self.eval_plan = self.rounds.plan_eval(self.logical(server_round), set(nodes))
         return [(nodes[nid], EvaluateIns(ndarrays_to_parameters(self.rounds.download(users, weights)), config))
-                for nid, users in self.rounds.plan_eval(set(nodes)).items()]
+                for nid, users in self.eval_plan.nodes.items()]
 
     @records_failure
     def aggregate_evaluate(self, server_round: int, results, failures):
         """RMSE = sqrt(sum SSE / sum n) over the accepted replies; MAE likewise."""
         replies = [NodeReply(proxy.node_id, metrics=dict(res.metrics)) for proxy, res in results]
-        metrics = self.rounds.evaluate(self.logical(server_round), replies, len(failures))
+        if self.eval_plan is None or self.eval_plan.round != self.logical(server_round):
+            raise RuntimeError(f"aggregate_evaluate of Flower round {server_round} without its configure_evaluate")
+        metrics = self.rounds.evaluate(self.eval_plan, replies, len(failures))
         if self.phase(server_round) == PHASE_TRAIN:
             self._maybe_checkpoint(server_round)
         self._finish_if_last(server_round)

@@ -8,6 +8,7 @@ import pytest
 from clients.fedgnn import FedGNNClient
 from fedrec_flwr.config import ConfigError
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.lifecycle import round_schedule
 from fedrec_flwr.fedgnn.local_step import local_gradients
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
@@ -15,7 +16,6 @@ from fedrec_flwr.fedgnn.protocol import (
     PHASE_REGISTER,
     PHASE_TRAIN,
 )
-from fedrec_flwr.fedgnn.server import round_schedule
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
 from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.models.rating_gnn import build_model

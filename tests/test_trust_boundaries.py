@@ -138,7 +138,6 @@ def _rounds(cfg, num_users=4, num_items=20, set_size=20, test_count=2):
     rounds.register(1, [NodeReply(100 + u, frame_registration([u], [np.arange(set_size)], [test_count]))
                         for u in range(num_users)], time.time())
     assert not rounds.rejections
-    rounds.plan_eval({100 + u for u in range(num_users)})
     return rounds
 
 
@@ -156,7 +155,7 @@ def _rounds(cfg, num_users=4, num_items=20, set_size=20, test_count=2):
 def test_dishonest_evaluation_replies_are_refused_and_counted(tiny_cfg, metrics, why):
     rounds = _rounds(tiny_cfg())
     honest = [NodeReply(100 + u, metrics={"sse": 2.0, "sae": 2.0, "n": 2}) for u in range(3)]
-    out = rounds.evaluate(5, [*honest, NodeReply(103, metrics=metrics)], failures=0)
+    out = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), [*honest, NodeReply(103, metrics=metrics)], failures=0)
     assert out["rmse"] == pytest.approx(1.0) and out["eval_ratings"] == 6  # the honest nodes alone
     assert rounds.eval_rejections == 1 and why in rounds.rejections[-1][1]
 
@@ -166,15 +165,15 @@ def test_one_node_moves_the_rmse_by_at_most_its_committed_share(tiny_cfg):
     its reply moves the RMSE only within the interval its share spans (SSE from 0 to n x span^2)."""
     rounds = _rounds(tiny_cfg(), num_users=10, test_count=5)
     honest = [NodeReply(100 + u, metrics={"sse": 5.0, "sae": 5.0, "n": 5}) for u in range(10)]
-    clean = rounds.evaluate(5, honest, failures=0)["rmse"]
+    clean = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), honest, failures=0)["rmse"]
     total_sse, total_n, share = 50.0, 50, 5
     low, high = np.sqrt((total_sse - 5.0) / total_n), np.sqrt((total_sse - 5.0 + share * 16.0) / total_n)
     for sse in (0.0, share * 16.0):  # the best and the worst a node of 5 ratings can claim
         spoofed = [*honest[:9], NodeReply(109, metrics={"sse": sse, "sae": 0.0, "n": share})]
-        rmse = rounds.evaluate(5, spoofed, failures=0)["rmse"]
+        rmse = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), spoofed, failures=0)["rmse"]
         assert low - 1e-12 <= rmse <= high + 1e-12 and rmse != clean
     inflated = [*honest[:9], NodeReply(109, metrics={"sse": 0.0, "sae": 0.0, "n": 20})]  # claims its set's size
-    assert rounds.evaluate(5, inflated, failures=0)["eval_ratings"] == 45  # refused: the other nine alone
+    assert rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), inflated, failures=0)["eval_ratings"] == 45  # refused: the other nine alone
 
 
 def test_a_registration_commits_a_test_count_within_its_set(tiny_cfg):
@@ -190,7 +189,7 @@ def test_a_registration_commits_a_test_count_within_its_set(tiny_cfg):
 
 def test_evaluation_from_a_node_not_asked_is_refused(tiny_cfg):
     rounds = _rounds(tiny_cfg())
-    out = rounds.evaluate(5, [NodeReply(100, metrics={"sse": 2.0, "sae": 2.0, "n": 2}),
+    out = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), [NodeReply(100, metrics={"sse": 2.0, "sae": 2.0, "n": 2}),
                               NodeReply(999, metrics={"sse": 0.0, "sae": 0.0, "n": 1000})], failures=0)
     assert out["eval_ratings"] == 2 and "not asked to evaluate" in rounds.rejections[-1][1]
 
@@ -201,12 +200,12 @@ def test_an_evaluation_reply_claiming_more_absolute_error_than_its_ratings_allow
     and left out of the MAE and RMSE, whatever (in-bound) SSE it sends with it."""
     rounds = _rounds(tiny_cfg())
     honest = [NodeReply(100 + u, metrics={"sse": 2.0, "sae": 2.0, "n": 2}) for u in range(3)]  # each error 1
-    worst = rounds.evaluate(5, [*honest, NodeReply(103, metrics={"sse": 32.0, "sae": 8.0, "n": 2})], failures=0)
+    worst = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), [*honest, NodeReply(103, metrics={"sse": 32.0, "sae": 8.0, "n": 2})], failures=0)
     assert rounds.eval_rejections == 0 and worst["eval_ratings"] == 8
     assert worst["mae"] == pytest.approx((6.0 + 8.0) / 8)  # both errors at the full range: still a possible reply
     for sae in (9.0, 1e6):
         hostile = NodeReply(103, metrics={"sse": 2.0, "sae": sae, "n": 2})
-        out = rounds.evaluate(6, [*honest, hostile], failures=0)
+        out = rounds.evaluate(rounds.plan_eval(6, set(rounds.bindings.nodes)), [*honest, hostile], failures=0)
         assert out["eval_ratings"] == 6 and out["mae"] == pytest.approx(1.0) and out["rmse"] == pytest.approx(1.0)
         assert rounds.rejections[-1][0] == 6 and "exceed what 2 ratings" in rounds.rejections[-1][1]
     assert rounds.eval_rejections == 2
@@ -229,8 +228,8 @@ def test_eval_fraction_asks_a_fixed_sample_of_that_share_of_the_users(tiny_cfg, 
         rounds.register(1, [NodeReply(node, frame_registration(users, [np.arange(20)] * len(users), [2] * len(users)))
                             for node, users in hosted.items()], time.time())
         assert not rounds.rejections and len(rounds.test_counts) == num_users
-        first = rounds.plan_eval(set(hosted))
-        assert rounds.plan_eval(set(hosted)) == first  # a fixed sample: every evaluation round asks the same users
+        first = rounds.plan_eval(5, set(hosted)).nodes
+        assert rounds.plan_eval(5, set(hosted)).nodes == first  # a fixed sample: every evaluation round asks the same users
         return first
 
     everyone = plan(1.0)
@@ -267,9 +266,9 @@ def test_a_robust_merge_round_ignores_one_scaled_upload(tiny_cfg):
         return [*(rng.normal(0, 0.01, s).astype(np.float32) * scale for s in shapes), np.arange(20),
                 (rng.normal(0, 0.01, (20, cfg.model.dim)) * scale).astype(np.float32)]
 
-    rounds.plan_train(2, {100 + u for u in range(4)})  # all four are sampled (128 per round)
+    plan = rounds.plan_train(2, {100 + u for u in range(4)})  # all four are sampled (128 per round)
     replies = [NodeReply(100 + u, frame_train_upload([u], [part(u, 1e4 if u == 3 else 1.0)])) for u in range(4)]
-    rounds.train(2, replies, [], time.time(), 0.0)
+    rounds.train(plan, replies, [], time.time(), 0.0)
     moved = max(float(np.abs(a - b).max()) for a, b in zip(before, rounds.server.model_weights()))
     assert 0 < moved < 0.05  # SGD lr 0.01 on a median gradient of size ~0.01
 
@@ -278,12 +277,12 @@ def test_a_reply_naming_more_users_than_its_node_hosts_costs_one_rejection(tiny_
     """A few bytes of invented user ids (sizes 0, empty blocks) must not buy a rejection record per id."""
     cfg = tiny_cfg()
     rounds = _rounds(cfg)
-    rounds.plan_train(2, {100 + u for u in range(4)})
+    plan = rounds.plan_train(2, {100 + u for u in range(4)})
     many = 100_000
     ids, zeros = np.arange(many), np.zeros(many, np.int64)
     forged = [ids, zeros, np.zeros(0, np.float32), zeros, np.zeros(0, np.int64), zeros,
               np.zeros((0, cfg.model.dim), np.float32)]
-    rounds.train(2, [NodeReply(100, forged)], [], time.time(), 0.0)
+    rounds.train(plan, [NodeReply(100, forged)], [], time.time(), 0.0)
     assert [why for _, why in rounds.rejections] == ["node 100: message names 100000 users; the node may speak "
                                                      "for at most 1"]
     popular = FedGNNRounds.from_config(tiny_cfg("simulation.users_per_node=5"), rounds.server,

@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -41,7 +41,7 @@ from fedrec_flwr.data import public_scale
 from fedrec_flwr.data.types import RatingScale
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.bounds import check_upload_bounds
-from fedrec_flwr.fedgnn.checkpoint import CheckpointError
+from fedrec_flwr.fedgnn.lifecycle import Lifecycle
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EXPAND_FETCH,
     PHASE_POPULARITY,
@@ -58,7 +58,6 @@ from fedrec_flwr.fedgnn.server import (
     TrainUpdate,
     check_anonymity_set,
     eval_users,
-    round_schedule,
 )
 from fedrec_flwr.messages import NodeReply, UploadRejected
 from fedrec_flwr.metrics import ErrorSums
@@ -91,6 +90,15 @@ def validate_registration(arrays: list[np.ndarray], num_items: int, min_rows: in
     return out
 
 
+@dataclass(frozen=True)
+class RoundPlan:
+    """Who a round asks: its logical round and each node's users. Returned by `plan_train` / `plan_eval` and passed
+    back with the replies, which are checked against it."""
+
+    round: int
+    nodes: dict[int, list[int]]
+
+
 class FedGNNRounds:
     """Registration, training and evaluation rounds of one FedGNN run over a `FedGNNServer`."""
 
@@ -98,7 +106,8 @@ class FedGNNRounds:
                  federation: FederationConfig, privacy: PrivacyConfig, merge: MergeConfig,
                  expansion: ExpansionConfig, dim: int, seed: int, recorder: RunRecorder | None = None,
                  public_scale: RatingScale | None = None, test_ratings: int | None = None,
-                 baselines: Callable[[list[int]], tuple[dict[str, float], int]] | None = None):
+                 baselines: Callable[[list[int]], tuple[dict[str, float], int]] | None = None,
+                 checkpoint_every: int = 0):
         self.server, self.bindings, self.recorder = server, bindings, recorder
         # the split's test ratings (a public count; None: unknown), reported beside the ones scored, and
         # `baselines(users)`: the split's baseline RMSEs on the test ratings of `users` and how many ratings
@@ -115,8 +124,11 @@ class FedGNNRounds:
         # the privacy mode's server side: who is asked, what goes down, how uploads are checked and accounted
         self.mechanism: ServerMechanism = privacy_mode(privacy.mode).part("Server")(self)
         self.budget_rounds = self.mechanism.budget_rounds  # training rounds the privacy budget allows
-        self.schedule = round_schedule(replace(federation, rounds=self.budget_rounds), expansion, bindings.num_users,
-                                       secure_evaluation=self.mechanism.evaluates_in_own_rounds)
+        # every logical round's phase, and how Flower's rounds, resuming and checkpoints map onto them
+        self.lifecycle = Lifecycle.for_run(federation, expansion, bindings.num_users, training_rounds=self.budget_rounds,
+                                           first_round=self.mechanism.first_round,
+                                           evaluates_in_own_rounds=self.mechanism.evaluates_in_own_rounds,
+                                           checkpoint_every=checkpoint_every)
         self.train_rounds_done = 0
         self.rounds_not_applied = 0  # training rounds with fewer than min_clients accepted uploads
         self.scored_users: list[int] = []  # users of the accepted replies of the latest evaluation
@@ -125,8 +137,6 @@ class FedGNNRounds:
         self.rejections: list[tuple[int, str]] = []
         self.eval_rejections = 0
         self.final: dict[str, float] = {}
-        self._eval_plan: dict[int, list[int]] = {}
-        self._train_plan: tuple[int, dict[int, set[int]]] = (0, {})  # (logical round, node -> its sampled users)
 
     @classmethod
     def from_config(cls, cfg: AppConfig, server: FedGNNServer, bindings: NodeBindings, rating_span: float,
@@ -137,19 +147,23 @@ class FedGNNRounds:
         it reports metrics. `test_ratings` and `baselines`: see `__init__`."""
         return cls(server, bindings, rating_span, federation=cfg.federation, privacy=cfg.privacy, merge=cfg.merge,
                    expansion=cfg.expansion, dim=row_width(cfg.model), seed=cfg.seed, recorder=recorder,
-                   public_scale=public_scale(cfg.data), test_ratings=test_ratings, baselines=baselines)
+                   public_scale=public_scale(cfg.data), test_ratings=test_ratings, baselines=baselines,
+                   checkpoint_every=cfg.checkpoint.every)
 
     # -- bookkeeping -----------------------------------------------------------------
     @property
+    def schedule(self) -> tuple[str, ...]:
+        """The phase of every logical round from 1 (`Lifecycle.schedule`)."""
+        return self.lifecycle.schedule
+
+    @property
     def first_round(self) -> int:
         """The first logical round: 0 when users report popularity before registering (round 1), else 1."""
-        return self.mechanism.first_round
+        return self.lifecycle.first_round
 
     def phase(self, logical_round: int) -> str:
-        """The phase of a logical round (round 0: popularity reports, round 1: registration)."""
-        if logical_round < self.first_round:
-            raise ValueError(f"logical round {logical_round} is before this run's first round {self.first_round}")
-        return PHASE_POPULARITY if logical_round == 0 else self.schedule[logical_round - 1]
+        """The phase of a logical round (`Lifecycle.phase`)."""
+        return self.lifecycle.phase(logical_round)
 
     def reject(self, logical_round: int, reason: str) -> None:
         """Log and count one rejected message."""
@@ -159,11 +173,6 @@ class FedGNNRounds:
     def rejected_in(self, logical_round: int) -> int:
         """How many messages were rejected in a logical round."""
         return sum(1 for r, _ in self.rejections if r == logical_round)
-
-    def refreshes_neighbours(self, logical_round: int) -> bool:
-        """Whether the users of this training round refresh their neighbours before training: trainable
-        expansion, once the first expansion has fetched them."""
-        return self.expansion.mode == "trainable" and PHASE_EXPAND_FETCH in self.schedule[: logical_round - 1]
 
     def record_expansion(self, logical_round: int, phase: str, users: int, neighbours: int, started: float) -> dict:
         """Record an expansion round in which `users` users submitted (or fetched `neighbours` neighbours in all)."""
@@ -234,12 +243,11 @@ class FedGNNRounds:
         return record
 
     # -- training --------------------------------------------------------------------
-    def plan_train(self, logical_round: int, connected: set[int]) -> dict[int, list[int]]:
-        """The round's sampled users, grouped by the node hosting them."""
+    def plan_train(self, logical_round: int, connected: set[int]) -> RoundPlan:
+        """The round's users (the privacy mode's `select`), grouped by the node hosting them: what `train` checks
+        every reply against."""
         chosen = self.mechanism.select(logical_round, self.bindings.live_users(connected))
-        plan = self.bindings.by_node(chosen)
-        self._train_plan = (logical_round, {node: set(users) for node, users in plan.items()})
-        return plan
+        return RoundPlan(logical_round, self.bindings.by_node(chosen))
 
     def download(self, users: list[int], weights: list[np.ndarray] | None = None,
                  table: np.ndarray | None = None) -> list[np.ndarray]:
@@ -248,8 +256,9 @@ class FedGNNRounds:
         nodes."""
         return self.mechanism.download(users, self.server.model_weights() if weights is None else weights, table)
 
-    def validate_reply(self, logical_round: int, reply: NodeReply) -> tuple[list[TrainUpdate], int]:
+    def validate_reply(self, plan: RoundPlan, reply: NodeReply) -> tuple[list[TrainUpdate], int]:
         """(accepted user parts, users the reply names) of one node's training reply; refusals are counted."""
+        logical_round = plan.round
         try:
             parts = split_users(reply.arrays, TRAIN_FIELDS, len(self.bindings.users_of(reply.node_id)))
         except UploadRejected as exc:
@@ -260,8 +269,7 @@ class FedGNNRounds:
             try:
                 if not self.bindings.hosts(reply.node_id, user):
                     raise UploadRejected(f"user {user} is not hosted by this node")
-                planned_round, plan = self._train_plan
-                if planned_round != logical_round or user not in plan.get(reply.node_id, ()):
+                if user not in plan.nodes.get(reply.node_id, ()):
                     raise UploadRejected(f"user {user} was not sampled in round {logical_round}")
                 self.mechanism.record_upload(user)
                 flat, ids, rows = arrays
@@ -272,16 +280,18 @@ class FedGNNRounds:
                 self.reject(logical_round, f"node {reply.node_id} user {user}: {exc}")
         return accepted, len(parts)
 
-    def train(self, logical_round: int, replies: list[NodeReply], failures: list[str], started: float,
+    def train(self, plan: RoundPlan, replies: list[NodeReply], failures: list[str], started: float,
               bytes_down: float) -> dict:
-        """Validate every reply, apply the accepted updates (if at least min_clients), record the round."""
+        """Validate every reply against the round's plan, apply the accepted updates (if at least min_clients),
+        record the round."""
+        logical_round = plan.round
         for why in failures:
             self.reject(logical_round, f"client failure: {why}")
         accepted: list[TrainUpdate] = []
         up = users_seen = 0
         for reply in replies:
             up += array_bytes(reply.arrays)
-            updates, named = self.validate_reply(logical_round, reply)
+            updates, named = self.validate_reply(plan, reply)
             users_seen += named
             accepted += updates
         self.train_rounds_done += 1
@@ -298,7 +308,7 @@ class FedGNNRounds:
                   "bytes_down": bytes_down, "bytes_up": up / max(users_seen, 1)}
         record.update(self.mechanism.train_record())
         record["round_seconds"] = time.time() - started
-        self.record(record, complete=not self.is_eval_round(logical_round == len(self.schedule)))
+        self.record(record, complete=not self.evaluates_after(logical_round))
         return record
 
     def is_secure(self, phase: str) -> bool:
@@ -313,11 +323,9 @@ class FedGNNRounds:
                                         bytes_up)
 
     # -- evaluation ------------------------------------------------------------------
-    def is_eval_round(self, last_round: bool) -> bool:
-        """True after every `eval_every` training rounds and after the last one; never in a privacy mode whose
-        evaluations are rounds of their own (`evaluate_sum`)."""
-        r = self.train_rounds_done
-        return not self.mechanism.evaluates_in_own_rounds and r > 0 and (r % self.federation.eval_every == 0 or last_round)
+    def evaluates_after(self, logical_round: int) -> bool:
+        """Whether an evaluation follows the training round just done (`Lifecycle.evaluates_after`)."""
+        return self.lifecycle.evaluates_after(self.train_rounds_done, logical_round)
 
     def unit_factor(self) -> float:
         """Reference units (what devices report) to the dataset's own scale (1 without a public scale)."""
@@ -333,15 +341,15 @@ class FedGNNRounds:
         (`ServerMechanism.evaluate_sum`); None when no sum came or it was refused."""
         return self.mechanism.evaluate_sum(logical_round, summed, nodes, failures, started, bytes_down, bytes_up)
 
-    def plan_eval(self, connected: set[int]) -> dict[int, list[int]]:
-        """The evaluating users (all, or a fixed seeded sample), grouped by node."""
+    def plan_eval(self, logical_round: int, connected: set[int]) -> RoundPlan:
+        """The evaluating users (all, or a fixed seeded sample), grouped by node: what `evaluate` checks every reply
+        against."""
         users = eval_users(self.seed, self.bindings.live_users(connected), self.federation.eval_fraction)
-        self._eval_plan = self.bindings.by_node(users)
-        return self._eval_plan
+        return RoundPlan(logical_round, self.bindings.by_node(users))
 
-    def check_eval_reply(self, reply: NodeReply) -> ErrorSums:
+    def check_eval_reply(self, plan: RoundPlan, reply: NodeReply) -> ErrorSums:
         """The error sums of one node's evaluation reply, or UploadRejected if no honest node could send it."""
-        users = self._eval_plan.get(reply.node_id)
+        users = plan.nodes.get(reply.node_id)
         if users is None:
             raise UploadRejected("evaluation reply from a node that was not asked to evaluate")
         try:
@@ -365,13 +373,14 @@ class FedGNNRounds:
                                  f"of range {span:g} can give")
         return ErrorSums(sse, sae, n)
 
-    def evaluate(self, logical_round: int, replies: list[NodeReply], failures: int) -> dict | None:
+    def evaluate(self, plan: RoundPlan, replies: list[NodeReply], failures: int) -> dict | None:
         """RMSE and MAE over the accepted evaluation replies (None when no test rating was reported)."""
+        logical_round = plan.round
         sse_parts, sae_parts, n = [], [], 0
         scored: list[int] = []
         for reply in replies:
             try:
-                s, a, k = self.check_eval_reply(reply)
+                s, a, k = self.check_eval_reply(plan, reply)
             except UploadRejected as exc:
                 self.eval_rejections += 1
                 self.reject(logical_round, f"node {reply.node_id}: {exc}")
@@ -379,7 +388,7 @@ class FedGNNRounds:
             sse_parts.append(s)
             sae_parts.append(a)
             n += k
-            scored += self._eval_plan[reply.node_id]
+            scored += plan.nodes[reply.node_id]
         if n == 0:
             log.warning("round %d: no test ratings among the %d evaluating nodes (%d failed)",
                         logical_round, len(replies), failures)
@@ -447,14 +456,8 @@ class FedGNNRounds:
         training rounds the schedule has up to there done and a privacy ledger that fits them
         (`ServerMechanism.check_resume`): a resumed run must continue the schedule and the ledger where they stopped."""
         done, trained = state["logical_round"], state["train_rounds_done"]
-        if not 2 <= done <= len(self.schedule) or self.phase(done) != PHASE_TRAIN:
-            raise CheckpointError(f"{path}: key 'logical_round' = {done}; expected a training round of this run's "
-                                  f"schedule (logical rounds 2 .. {len(self.schedule)})")
-        want = self.schedule[:done].count(PHASE_TRAIN)
-        if trained != want:
-            raise CheckpointError(f"{path}: key 'train_rounds_done' = {trained}; expected {want}, the training rounds "
-                                  f"of this run's schedule up to logical round {done}")
-        self.mechanism.check_resume(path, state, want)
+        self.lifecycle.check_resume_point(path, done, trained)
+        self.mechanism.check_resume(path, state, trained)
 
     def restore(self, state: dict) -> int:
         """Continue from a checkpoint's state; returns the logical round it was written after."""

@@ -17,20 +17,12 @@ import numpy as np
 import torch
 
 from fedrec_flwr.config import (
-    ExpansionConfig,
-    FederationConfig,
     MergeConfig,
     ModelConfig,
     PrivacyConfig,
     ServerOptConfig,
 )
-from fedrec_flwr.fedgnn.accounting import evaluation_points
 from fedrec_flwr.fedgnn.protocol import (
-    PHASE_EVALUATE_SUM,
-    PHASE_EXPAND_FETCH,
-    PHASE_EXPAND_SUBMIT,
-    PHASE_REGISTER,
-    PHASE_TRAIN,
     UploadRejected,
 )
 from fedrec_flwr.models.rating_gnn import build_model, row_width
@@ -140,38 +132,6 @@ def robust_merge_items(uploads: list[tuple[np.ndarray, np.ndarray]], num_items: 
     if normalise == "clients":
         merged = merged * (count[touched][:, None] / max(len(uploads), 1))
     return touched, merged.astype(np.float32)
-
-
-def round_schedule(federation: FederationConfig, expansion: ExpansionConfig, num_users: int,
-                   secure_evaluation: bool = False) -> list[str]:
-    """Phase of every logical round: register, training rounds, and graph expansion after T epochs (again every
-    `expansion.refresh_every` training rounds after that, when set). With `secure_evaluation` (user-level DP) an
-    evaluate-sum round follows every eval_every-th training round and the last.
-
-    One epoch is ceil(users / clients_per_round) training rounds. An expansion is two rounds in which
-    every user first submits to the neighbour service, then fetches its neighbours.
-    """
-    rounds = federation.rounds
-    if secure_evaluation:  # user_dp refuses graph expansion, so the two never meet
-        points = set(evaluation_points(rounds, federation.eval_every))
-        phases = [PHASE_REGISTER]
-        for t in range(1, rounds + 1):
-            phases += [PHASE_TRAIN, PHASE_EVALUATE_SUM] if t in points else [PHASE_TRAIN]
-        return phases
-    phases = [PHASE_REGISTER] + [PHASE_TRAIN] * rounds
-    if expansion.mode != "none":
-        per_epoch = -(-num_users // federation.clients_per_round)
-        after = expansion.epoch * per_epoch
-        if after >= rounds:
-            raise ValueError(
-                f"expansion.epoch = {expansion.epoch} puts graph expansion after training round {after}, "
-                f"but federation.rounds = {rounds}; lower the epoch or add rounds"
-            )
-        every = expansion.refresh_every
-        points = range(after, rounds, every) if every else [after]
-        for done in reversed(points):  # from the last, so earlier positions stay put
-            phases[1 + done : 1 + done] = [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH]
-    return phases
 
 
 def sample_users(seed: int, logical_round: int, users: list[int], k: int) -> list[int]:

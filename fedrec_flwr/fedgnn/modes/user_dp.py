@@ -184,7 +184,7 @@ class Server(ServerMechanism):
                   "nodes": nodes, "rejected": r.rejected_in(logical_round), "failures": len(failures),
                   "applied": applied, "bytes_down": bytes_down, "bytes_up": bytes_up,
                   "user_epsilon": self.ledger.epsilon(), "round_seconds": time.time() - started}
-        r.record(record, complete=not r.is_eval_round(logical_round == len(r.schedule)))
+        r.record(record, complete=not r.evaluates_after(logical_round))
         return record
 
     def evaluate_sum(self, logical_round, summed, nodes, failures, started, bytes_down, bytes_up):
