@@ -1,10 +1,10 @@
 """FedGNN's server behind Flower's Strategy API: a thin adapter over `fedrec_flwr.fedgnn.rounds`.
 
-Flower rounds map onto the run's logical rounds (registration is always round 1; a resumed run
-continues at the logical round after its checkpoint). Each Flower call turns its messages into
-`NodeReply`s for the round core, which registers, samples, validates, merges, applies and records;
-this class adds only what Flower needs: FitIns/EvaluateIns, node availability, the logical-round
-offset and checkpoints every `checkpoint.every` training rounds.
+Flower rounds map onto the run's logical rounds by the run's lifecycle (`fedgnn.lifecycle`: registration is
+logical round 1; a resumed run re-registers, then continues after its checkpoint). Each Flower call turns its
+messages into `NodeReply`s for the round core, which registers, samples, validates, merges, applies and records;
+this class adds only what Flower needs: FitIns/EvaluateIns, node availability, the round's plan between
+configure and aggregate, and the checkpoints the lifecycle asks for.
 """
 
 from __future__ import annotations

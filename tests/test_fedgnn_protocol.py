@@ -190,7 +190,7 @@ def test_bias_vectors_are_learned_as_shared_model_weights(tiny_cfg):
     weights = strategy.server.model_weights()
     assert len(weights) == len(plain.server.model_weights()) + 2
     names = [n for n, _ in build_model(cfg.model, 3.0).named_parameters()]  # the order of the weight list
-    user_bias, item_bias = weights[names.index("user_bias")], weights[names.index("item_bias")]
+    user_bias, item_bias = weights[names.index("user_bias_map")], weights[names.index("item_bias_map")]
     assert user_bias.shape == item_bias.shape == (16,)
     assert np.abs(user_bias).max() > 0 and np.abs(item_bias).max() > 0
     train = [r for r in strategy.recorder.history() if r.get("phase") == "train"]

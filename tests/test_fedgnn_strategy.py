@@ -119,7 +119,7 @@ def _push_items(server, signs):
     ids = np.arange(40, dtype=np.int64)
     for sign in signs:
         server.apply([TrainUpdate(0, [np.full(s, sign, np.float32) for s in shapes], ids,
-                                  np.full((40, server.dim), sign, np.float32))])
+                                  np.full((40, server.row_width), sign, np.float32))])
 
 
 def test_item_table_takes_its_own_learning_rate(tiny_cfg):

@@ -67,14 +67,14 @@ def test_biases_add_user_and_item_terms_read_from_the_raw_embeddings(kind):
     d = 5
     plain = RatingGNN(kind, d, bias_init=3.0).eval()
     biased = RatingGNN(kind, d, bias_init=3.0, biases=True).eval()
-    biased.load_state_dict({**plain.state_dict(), "user_bias": torch.randn(d), "item_bias": torch.randn(d)})
+    biased.load_state_dict({**plain.state_dict(), "user_bias_map": torch.randn(d), "item_bias_map": torch.randn(d)})
     batch = build_star_batch([3, 2], [2, 1])
     user, items, query = torch.randn(2, d), torch.randn(5, d), torch.randn(3, d)
     pt0, pq0 = plain(batch, user, items, query)
     pt1, pq1 = biased(batch, user, items, query)
-    b_user = user @ biased.user_bias
-    want_t = pt0 + b_user[batch.train_slot_user] + items @ biased.item_bias
-    want_q = pq0 + b_user[batch.query_slot_user] + query @ biased.item_bias
+    b_user = user @ biased.user_bias_map
+    want_t = pt0 + b_user[batch.train_slot_user] + items @ biased.item_bias_map
+    want_q = pq0 + b_user[batch.query_slot_user] + query @ biased.item_bias_map
     assert torch.allclose(pt1, want_t, atol=1e-5) and torch.allclose(pq1, want_q, atol=1e-5)
     # the bias vectors are shared model weights; the paper's model (biases off) has none of them
     assert len(list(biased.parameters())) == len(list(plain.parameters())) + 2

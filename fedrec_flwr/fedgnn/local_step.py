@@ -117,7 +117,7 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
     """
     model = ready(model, device, training=True)
     d, b = cfg.model.dim, len(states)
-    row_bias = cfg.model.item_bias  # item rows carry b_i as a last column (width row_width = d + 1)
+    item_bias = cfg.model.item_bias  # item rows carry b_i as a last column (width row_width = d + 1)
     counts = [(data.train_items.size, st.neighbours.shape[0]) for st, data in zip(states, datas)]
     width, n_width = max(t for t, _ in counts), max(n for _, n in counts)
     whole_table = privacy_mode(cfg.privacy.mode).part("Device").whole_table  # rows of the whole table, not a set
@@ -142,12 +142,12 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
     def item_input(x: torch.Tensor) -> torch.Tensor:
         if features is None:
             return x
-        if row_bias:  # the features map into the embedding part; the bias column passes through
+        if item_bias:  # the features map into the embedding part; the bias column passes through
             return torch.cat([x[..., :d] + torch.bmm(features, params["item_feature_map"]), x[..., d:]], -1)
         return x + torch.bmm(features, params["item_feature_map"])
 
     def predict(x_items: torch.Tensor) -> torch.Tensor:
-        x_items, b_items = (x_items[..., :d], x_items[..., d]) if row_bias else (x_items, None)
+        x_items, b_items = (x_items[..., :d], x_items[..., d]) if item_bias else (x_items, None)
         raw = DenseStars(user_x, x_items, neigh_x, item_mask, neigh_mask)
         masks = _dropout_masks(generators, counts, cfg.model.dropout, d, width, n_width, device)
         return dense_predict(model, params, raw, _dropped(raw, masks), b_items) + offset[:, None]

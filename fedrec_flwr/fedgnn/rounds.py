@@ -104,7 +104,7 @@ class FedGNNRounds:
 
     def __init__(self, server: FedGNNServer, bindings: NodeBindings, rating_span: float, *,
                  federation: FederationConfig, privacy: PrivacyConfig, merge: MergeConfig,
-                 expansion: ExpansionConfig, dim: int, seed: int, recorder: RunRecorder | None = None,
+                 expansion: ExpansionConfig, row_width: int, seed: int, recorder: RunRecorder | None = None,
                  public_scale: RatingScale | None = None, test_ratings: int | None = None,
                  baselines: Callable[[list[int]], tuple[dict[str, float], int]] | None = None,
                  checkpoint_every: int = 0):
@@ -113,8 +113,8 @@ class FedGNNRounds:
         # `baselines(users)`: the split's baseline RMSEs on the test ratings of `users` and how many ratings
         # that is (`baselines.baselines_on_users`; simulation only, where the server holds the data)
         self.test_ratings, self.baselines = test_ratings, baselines
-        # dim: the width of one uploaded item row (`models.row_width`), what the privacy accounting counts per row
-        self.federation, self.privacy, self.expansion, self.dim, self.seed = federation, privacy, expansion, dim, seed
+        # row_width: the width of one uploaded item row (`models.row_width`), what the privacy accounting counts per row
+        self.federation, self.privacy, self.expansion, self.row_width, self.seed = federation, privacy, expansion, row_width, seed
         self.merge = merge
         # high - low of the scale the devices report in (reference units: 4, the span of the
         # participants' `PartitionMeta.scale`): bounds a reported squared error
@@ -146,7 +146,7 @@ class FedGNNRounds:
         and the public rating scale of its dataset (`data.partition.public_scale`: no ratings read), on which
         it reports metrics. `test_ratings` and `baselines`: see `__init__`."""
         return cls(server, bindings, rating_span, federation=cfg.federation, privacy=cfg.privacy, merge=cfg.merge,
-                   expansion=cfg.expansion, dim=row_width(cfg.model), seed=cfg.seed, recorder=recorder,
+                   expansion=cfg.expansion, row_width=row_width(cfg.model), seed=cfg.seed, recorder=recorder,
                    public_scale=public_scale(cfg.data), test_ratings=test_ratings, baselines=baselines,
                    checkpoint_every=cfg.checkpoint.every)
 

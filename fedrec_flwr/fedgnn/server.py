@@ -172,14 +172,14 @@ class FedGNNServer:
         self.model_cfg, self.server_opt, self.merge, self.privacy, self.seed = model, server_opt, merge, privacy, seed
         # the privacy mode's device side: whether users register anonymity sets and report popularity first
         self.users = privacy_mode(privacy.mode).device(privacy)
-        self.dim = row_width(model)  # the width of an item row: the table's, every download's and upload's
+        self.row_width = row_width(model)  # the width of an item row: the table's, every download's and upload's
         self.device = device or torch.device("cpu")
         torch.manual_seed(seed)
         gen = torch.Generator().manual_seed(seed + 1)
         self.model = build_model(model, bias_init, num_item_features).to(self.device)
         table = torch.randn(num_items, model.dim, generator=gen) * model.init_std
-        if self.dim > model.dim:  # model.item_bias: the last column is each item's bias b_i, starting at 0
-            table = torch.cat([table, torch.zeros(num_items, self.dim - model.dim)], 1)
+        if self.row_width > model.dim:  # model.item_bias: the last column is each item's bias b_i, starting at 0
+            table = torch.cat([table, torch.zeros(num_items, self.row_width - model.dim)], 1)
         self.items = torch.nn.Parameter(table.to(self.device))
         params = list(self.model.parameters())
         so = server_opt
@@ -249,7 +249,7 @@ class FedGNNServer:
         registered = self.anonymity_sets.get(user)
         if registered is None:
             raise UploadRejected(f"user {user} is not registered")
-        grads, ids, rows = validate_upload(arrays, self.model_shapes, self.dim, self.num_items,
+        grads, ids, rows = validate_upload(arrays, self.model_shapes, self.row_width, self.num_items,
                                            self.min_rows(), registered.astype(np.int64))
         return TrainUpdate(user, grads, ids, rows)
 
@@ -299,9 +299,9 @@ class FedGNNServer:
         self.model_opt.step()
         uploads = [(u.ids, u.rows - u.rows.mean(0) if merge.center_uploads else u.rows) for u in updates]
         if merge.robust == "mean":
-            ids, rows = merge_item_gradients(uploads, self.num_items, self.dim, merge.items)
+            ids, rows = merge_item_gradients(uploads, self.num_items, self.row_width, merge.items)
         else:
-            ids, rows = robust_merge_items(uploads, self.num_items, self.dim, merge.items,
+            ids, rows = robust_merge_items(uploads, self.num_items, self.row_width, merge.items,
                                            merge.robust, merge.trim_fraction)
         self._step_items(ids, rows)
 

@@ -142,9 +142,9 @@ def dense_predict(model: RatingGNN, params: dict[str, torch.Tensor], raw: DenseS
     h_user, h_items = dense_encode(model.encoder.kind, model.encoder.conv.heads if model.encoder.kind == "gat" else 1,
                                    params, dropped)
     pred = (h_items * h_user[:, None]).sum(-1) + params["bias"][:, None]
-    if "user_bias" in params:
-        b_user = (raw.user * params["user_bias"]).sum(-1)
-        b_items = (raw.items * params["item_bias"][:, None]).sum(-1)
+    if "user_bias_map" in params:
+        b_user = (raw.user * params["user_bias_map"]).sum(-1)
+        b_items = (raw.items * params["item_bias_map"][:, None]).sum(-1)
         pred = pred + b_user[:, None] + b_items
     if item_bias is not None:
         pred = pred + item_bias

@@ -44,27 +44,27 @@ class StarGraphEncoder(nn.Module):
 class RatingGNN(nn.Module):
     """Encoder plus r_hat(u, i) = <h_u, h_i> + b, with b starting at the rating scale's midpoint.
 
-    With `biases`, r_hat also adds a user bias v.x_u and an item bias w.x_i read from the raw
-    embeddings by shared vectors v and w (starting at zero). Both biases then travel the paths
+    With `biases`, r_hat also adds v.x_u and w.x_i, read from the raw embeddings by the shared
+    vectors v = `user_bias_map` and w = `item_bias_map` (starting at zero). Both biases then travel the paths
     the embeddings already take: the user's stays on its device, the item's moves with the item
     row (pseudo rows and LDP included), and v, w are model weights like any other. Their
     gradient on an item row points along w for every rater, so it adds up across users where
     the dot product's (along h_u, different per user) does not.
 
-    With `row_bias` (model.item_bias) every item row has width dim + 1: its first dim columns are
+    With `item_bias` (model.item_bias: a per-item bias b_i) every item row has width dim + 1: its first dim columns are
     the item's embedding, the last one a free scalar bias b_i added to the item's predictions. The
     model splits the rows it is given (`split_rows`), so the bias's gradient is the last column of
     the item's gradient row and travels, clipped, noised and merged, with the rest of the row.
     """
 
     def __init__(self, kind: str, dim: int, dropout: float = 0.0, heads: int = 1, bias_init: float = 0.0,
-                 biases: bool = False, num_item_features: int = 0, row_bias: bool = False):
+                 biases: bool = False, num_item_features: int = 0, item_bias: bool = False):
         super().__init__()
-        self.dim, self.row_bias = dim, row_bias
+        self.dim, self.item_bias = dim, item_bias
         self.encoder = StarGraphEncoder(kind, dim, dropout, heads)
         self.bias = nn.Parameter(torch.tensor(float(bias_init)))
-        self.user_bias = nn.Parameter(torch.zeros(dim)) if biases else None
-        self.item_bias = nn.Parameter(torch.zeros(dim)) if biases else None
+        self.user_bias_map = nn.Parameter(torch.zeros(dim)) if biases else None
+        self.item_bias_map = nn.Parameter(torch.zeros(dim)) if biases else None
         # public item features enter as x_i = e_i + f_i W; W starts at zero (the paper's model)
         self.item_feature_map = nn.Parameter(torch.zeros(num_item_features, dim)) if num_item_features else None
 
@@ -79,13 +79,13 @@ class RatingGNN(nn.Module):
             return rows
         if features is None:
             raise ValueError("this model takes public item features (data.item_features), but none were given")
-        if self.row_bias:  # the features map into the embedding part; the bias column passes through
+        if self.item_bias:  # the features map into the embedding part; the bias column passes through
             return torch.cat([rows[..., : self.dim] + features @ self.item_feature_map, rows[..., self.dim :]], -1)
         return rows + features @ self.item_feature_map
 
     def split_rows(self, rows: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(embedding part [.., dim], bias [..] or None) of item rows: the last column is b_i with `row_bias`."""
-        if rows is None or not self.row_bias:
+        """(embedding part [.., dim], bias [..] or None) of item rows: the last column is b_i with `item_bias`."""
+        if rows is None or not self.item_bias:
             return rows, None
         if rows.shape[-1] != self.dim + 1:
             raise ValueError(f"item rows have width {rows.shape[-1]}, expected dim + 1 = {self.dim + 1} (model.item_bias)")
@@ -101,7 +101,7 @@ class RatingGNN(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Predicted ratings for the train slots [T] and the query slots [Q] of the batch.
 
-        Item rows have width dim, or dim + 1 with `row_bias` (the last column then adds b_i)."""
+        Item rows have width dim, or dim + 1 with `item_bias` (the last column then adds b_i)."""
         train_item_x, train_b = self.split_rows(train_item_x)
         query_item_x, query_b = self.split_rows(query_item_x)
         d = user_x.shape[1]
@@ -114,8 +114,8 @@ class RatingGNN(nn.Module):
         h_user = h[:b]
         pred_train = (h_user[batch.train_slot_user] * h[b : b + t]).sum(-1) + self.bias
         pred_query = (h_user[batch.query_slot_user] * h[b + t : b + t + q]).sum(-1) + self.bias
-        if self.user_bias is not None:
-            b_user, b_item = x[:b] @ self.user_bias, x[b : b + t + q] @ self.item_bias
+        if self.user_bias_map is not None:
+            b_user, b_item = x[:b] @ self.user_bias_map, x[b : b + t + q] @ self.item_bias_map
             pred_train = pred_train + b_user[batch.train_slot_user] + b_item[:t]
             pred_query = pred_query + b_user[batch.query_slot_user] + b_item[t:]
         if train_b is not None:

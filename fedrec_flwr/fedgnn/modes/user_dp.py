@@ -168,7 +168,7 @@ class Server(ServerMechanism):
             try:
                 # a device may size its share for a stricter floor than the run's, at most every node of the run
                 least = self.ledger.sigma * math.sqrt(nodes / max(r.bindings.run_nodes, 1)) * r.privacy.clip_norm
-                *model, table = check_sum(summed, r.server.model_shapes, (r.server.num_items, r.server.dim),
+                *model, table = check_sum(summed, r.server.model_shapes, (r.server.num_items, r.server.row_width),
                                           r.privacy.clip_norm, sigma * r.privacy.clip_norm, self.expected_users(), least)
                 applied = reporting_users >= r.federation.min_clients
             except UploadRejected as exc:
