@@ -101,6 +101,127 @@ def idle_steps(model: RatingGNN, states: list[UserState], width: int, device: to
                      np.zeros(b), np.array([st.offset for st in states], np.float64))
 
 
+class StepGrads(NamedTuple):
+    """One mini-batch's gradients of the users' summed weighted losses, by what each is for."""
+
+    model: list[torch.Tensor]  # [B, *shape] per model parameter (each user's own copy), in model.parameters() order
+    rows: torch.Tensor  # [B, T, row width]: the rows of each user's rated items
+    user: torch.Tensor  # [B, d]: the private user embeddings
+    offset: torch.Tensor | None  # [B]: the private rating offsets (model.user_offset), else None
+
+
+class StepRule(NamedTuple):
+    """The switches of a local step, resolved once from the device's config (`of`)."""
+
+    steps: int  # local.steps mini-batches a round
+    batch_size: int
+    user_steps: int  # local.user_steps: extra private steps of the embedding (and offset) on all the ratings
+    user_lr: float
+    lr: float  # local.lr: the local copies' SGD rate, with delta uploads
+    clip: float  # privacy.clip_delta: each delta step's per-coordinate bound
+    sum_loss: bool  # local.loss = "sum": the uploaded step is the gradient times the pick's size
+    delta: bool  # local.upload = "delta": local copies train, and the upload is their whole change over lr
+    private_offset: bool  # model.user_offset: the offset trains with the embedding
+
+    @classmethod
+    def of(cls, cfg: DeviceSections) -> StepRule:
+        """The rule of a device's `local`, `privacy` and `model` sections."""
+        local = cfg.local
+        return cls(local.steps, local.batch_size, local.user_steps, local.user_lr, local.lr, cfg.privacy.clip_delta,
+                   local.loss == "sum", local.upload == "delta", cfg.model.user_offset)
+
+    def uploaded(self, grads: StepGrads, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """(model part, row part) of the step that enters the upload: the gradient, times each user's pick size
+        `scale` with a summed loss, clipped per coordinate with delta uploads (as the server would apply it)."""
+        parts = [*grads.model, grads.rows]
+        if scale is not None:
+            parts = [scale.view(-1, *([1] * (g.dim() - 1))) * g for g in parts]
+        if self.delta:
+            parts = [torch.clamp(g, -self.clip, self.clip) for g in parts]
+        return parts[:-1], parts[-1]
+
+
+class StarBatch:
+    """The padded star graphs of B users with rated items, as tensors on the device: their item rows (trainable),
+    neighbours, embeddings (trainable), offsets, targets, public item features, and a copy of the model's
+    weights per user. `predict` is r_hat on every row, with each user's own dropout."""
+
+    def __init__(self, cfg: DeviceSections, model: RatingGNN, states: list[UserState], datas: list[UserData],
+                 rows: list[np.ndarray], generators: list[torch.Generator], device: torch.device):
+        d = self.dim = cfg.model.dim
+        self.item_bias = cfg.model.item_bias  # item rows carry b_i as a last column (width row_width = d + 1)
+        self.model, self.dropout, self.generators, self.device = model, cfg.model.dropout, generators, device
+        self.counts = [(data.train_items.size, st.neighbours.shape[0]) for st, data in zip(states, datas)]
+        self.sizes = np.array([t for t, _ in self.counts])
+        self.width, self.neighbour_width = max(t for t, _ in self.counts), max(n for _, n in self.counts)
+        whole_table = privacy_mode(cfg.privacy.mode).part("Device").whole_table  # rows of the whole table, not a set
+        items = [r[row_positions(st, data.train_items, whole_table)] for st, data, r in zip(states, datas, rows)]
+        self.items, self.item_mask = _pad(items, self.width, row_width(cfg.model), device)
+        self.items.requires_grad_(True)
+        self.neighbours, self.neighbour_mask = _pad([st.neighbours for st in states], self.neighbour_width, d, device)
+        self.user = torch.tensor(np.stack([st.embedding for st in states]), device=device, requires_grad=True)
+        targets, _ = _pad([data.train_values[:, None] for data in datas], self.width, 1, device)
+        self.targets = targets[..., 0]
+        self.features = None
+        if model.item_feature_map is not None:
+            if any(data.item_features is None for data in datas):
+                raise ValueError("this model takes public item features (data.item_features), but none were given")
+            self.features, _ = _pad([data.item_features[data.train_items] for data in datas], self.width,
+                                    datas[0].item_features.shape[1], device)
+        self.private_offset = cfg.model.user_offset
+        self.offset = torch.tensor([float(st.offset) for st in states], device=device,
+                                   requires_grad=self.private_offset)
+        self.params = per_user_copies(model, len(states))
+        self.leaves = list(self.params.values())  # in model.parameters() order, as uploads carry them
+        self.item_input = (self._rows_as_given if self.features is None
+                           else self._features_into_embedding if self.item_bias else self._features_added)
+
+    def _rows_as_given(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def _features_added(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.bmm(self.features, self.params["item_feature_map"])
+
+    def _features_into_embedding(self, x: torch.Tensor) -> torch.Tensor:  # the bias column passes through
+        d = self.dim
+        return torch.cat([x[..., :d] + torch.bmm(self.features, self.params["item_feature_map"]), x[..., d:]], -1)
+
+    def predict(self, x_items: torch.Tensor) -> torch.Tensor:
+        """r_hat of every (user, row) for item inputs `x_items` [B, T, row width], dropout drawn per user."""
+        d = self.dim
+        x_items, b_items = (x_items[..., :d], x_items[..., d]) if self.item_bias else (x_items, None)
+        raw = DenseStars(self.user, x_items, self.neighbours, self.item_mask, self.neighbour_mask)
+        masks = _dropout_masks(self.generators, self.counts, self.dropout, d, self.width, self.neighbour_width,
+                               self.device)
+        return dense_predict(self.model, self.params, raw, _dropped(raw, masks), b_items) + self.offset[:, None]
+
+    def squared_errors(self, detach_items: bool = False) -> torch.Tensor:
+        """(r_hat - r)^2 on every padded row, [B, T]."""
+        x = self.item_input(self.items)
+        return (self.predict(x.detach() if detach_items else x) - self.targets) ** 2
+
+    def gradients(self, loss: torch.Tensor) -> StepGrads:
+        """The gradients of `loss` with respect to each user's weights, rows, embedding and (private) offset."""
+        offset = [self.offset] if self.private_offset else []
+        grads = torch.autograd.grad(loss, [*self.leaves, self.items, self.user, *offset])
+        n = len(self.leaves)
+        return StepGrads(list(grads[:n]), grads[n], grads[n + 1], grads[n + 2] if offset else None)
+
+    def private_gradients(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The gradients of `loss` with respect to the private embeddings and (private) offsets only."""
+        offset = [self.offset] if self.private_offset else []
+        grads = torch.autograd.grad(loss, [self.user, *offset])
+        return grads[0], grads[1] if offset else None
+
+    def minibatch_weights(self, rngs: list[np.random.Generator], batch_size: int) -> torch.Tensor:
+        """[B, T] weights 1 / |pick| on each user's pick of up to batch_size of its ratings (from its own stream)."""
+        weight = np.zeros((len(rngs), self.width), np.float32)
+        for k, (rng, t) in enumerate(zip(rngs, self.sizes)):
+            pick = rng.permutation(t)[:batch_size]
+            weight[k, pick] = 1.0 / pick.size
+        return torch.from_numpy(weight).to(self.device)
+
+
 def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], datas: list[UserData],
                 rows: list[np.ndarray], rngs: list[np.random.Generator], generators: list[torch.Generator],
                 device: torch.device) -> StepBatch:
@@ -115,94 +236,45 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
     sum of the clipped steps), which the protection then clips and noises once. One step of either kind
     gives the same upload once clipped.
     """
-    model = ready(model, device, training=True)
-    d, b = cfg.model.dim, len(states)
-    item_bias = cfg.model.item_bias  # item rows carry b_i as a last column (width row_width = d + 1)
-    counts = [(data.train_items.size, st.neighbours.shape[0]) for st, data in zip(states, datas)]
-    width, n_width = max(t for t, _ in counts), max(n for _, n in counts)
-    whole_table = privacy_mode(cfg.privacy.mode).part("Device").whole_table  # rows of the whole table, not a set
-    items_np = [r[row_positions(st, data.train_items, whole_table)] for st, data, r in zip(states, datas, rows)]
-    items_x, item_mask = _pad(items_np, width, row_width(cfg.model), device)
-    items_x.requires_grad_(True)
-    neigh_x, neigh_mask = _pad([st.neighbours for st in states], n_width, d, device)
-    user_x = torch.tensor(np.stack([st.embedding for st in states]), device=device, requires_grad=True)
-    targets, _ = _pad([data.train_values[:, None] for data in datas], width, 1, device)
-    targets = targets[..., 0]
-    features = None
-    if model.item_feature_map is not None:
-        if any(data.item_features is None for data in datas):
-            raise ValueError("this model takes public item features (data.item_features), but none were given")
-        features, _ = _pad([data.item_features[data.train_items] for data in datas], width,
-                           datas[0].item_features.shape[1], device)
-    private, delta = cfg.model.user_offset, cfg.local.upload == "delta"
-    offset = torch.tensor([float(st.offset) for st in states], device=device, requires_grad=private)
-    params = per_user_copies(model, b)
-    leaves = list(params.values())  # in model.parameters() order, as uploads carry them
-
-    def item_input(x: torch.Tensor) -> torch.Tensor:
-        if features is None:
-            return x
-        if item_bias:  # the features map into the embedding part; the bias column passes through
-            return torch.cat([x[..., :d] + torch.bmm(features, params["item_feature_map"]), x[..., d:]], -1)
-        return x + torch.bmm(features, params["item_feature_map"])
-
-    def predict(x_items: torch.Tensor) -> torch.Tensor:
-        x_items, b_items = (x_items[..., :d], x_items[..., d]) if item_bias else (x_items, None)
-        raw = DenseStars(user_x, x_items, neigh_x, item_mask, neigh_mask)
-        masks = _dropout_masks(generators, counts, cfg.model.dropout, d, width, n_width, device)
-        return dense_predict(model, params, raw, _dropped(raw, masks), b_items) + offset[:, None]
-
-    def expand(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return v.view(-1, *([1] * (like.dim() - 1)))
-
-    grad_sum = [torch.zeros_like(p) for p in leaves]
-    row_grad = torch.zeros_like(items_x)
-    loss_sum = torch.zeros(b, dtype=torch.float64, device=device)
-    sizes = np.array([t for t, _ in counts])
+    rule = StepRule.of(cfg)
+    x = StarBatch(cfg, ready(model, device, training=True), states, datas, rows, generators, device)
     # uploads carry the gradient of the summed loss with local.loss = "sum": each user's scale is its pick's size
-    picked = np.minimum(sizes, cfg.local.batch_size).astype(np.float32)
-    scale = torch.from_numpy(picked).to(device) if cfg.local.loss == "sum" else None
-    for s in range(cfg.local.steps):
-        weight = np.zeros((b, width), np.float32)
-        for k, (rng, t) in enumerate(zip(rngs, sizes)):
-            pick = rng.permutation(t)[: cfg.local.batch_size]
-            weight[k, pick] = 1.0 / pick.size
-        weight_t = torch.from_numpy(weight).to(device)
-        err = (predict(item_input(items_x)) - targets) ** 2
-        per_user = (weight_t * err).sum(1)
-        grads = torch.autograd.grad(per_user.sum(), [*leaves, items_x, user_x, *([offset] if private else [])])
-        if private:
-            *grads, g_offset = grads
-        step = list(grads[: len(leaves) + 1]) if scale is None else [expand(scale, g) * g for g in grads[: len(leaves) + 1]]
-        if delta:  # each local step moves by the clipped gradient, as the server would apply it
-            step = [torch.clamp(g, -cfg.privacy.clip_delta, cfg.privacy.clip_delta) for g in step]
-        for acc, g in zip(grad_sum, step[: len(leaves)]):
+    scale = (torch.from_numpy(np.minimum(x.sizes, rule.batch_size).astype(np.float32)).to(device)
+             if rule.sum_loss else None)
+    model_sum = [torch.zeros_like(p) for p in x.leaves]
+    row_sum = torch.zeros_like(x.items)
+    loss_sum = torch.zeros(len(states), dtype=torch.float64, device=device)
+    for _ in range(rule.steps):
+        per_user = (x.minibatch_weights(rngs, rule.batch_size) * x.squared_errors()).sum(1)
+        grads = x.gradients(per_user.sum())
+        model_step, row_step = rule.uploaded(grads, scale)
+        for acc, g in zip(model_sum, model_step):
             acc += g
-        row_grad += step[len(leaves)]
-        with torch.no_grad():  # the private embedding always follows the mean loss
-            user_x -= cfg.local.user_lr * grads[-1]
-            if private:
-                offset -= cfg.local.user_lr * g_offset
-            if delta:  # train the local copies: the next step starts where this one ends
-                for p, g in zip(leaves, step[: len(leaves)]):
-                    p -= cfg.local.lr * g
-                items_x -= cfg.local.lr * step[len(leaves)]
+        row_sum += row_step
+        with torch.no_grad():  # the private embedding (and offset) always follow the mean loss
+            x.user -= rule.user_lr * grads.user
+            if grads.offset is not None:
+                x.offset -= rule.user_lr * grads.offset
+            if rule.delta:  # train the local copies: the next step starts where this one ends
+                for p, g in zip(x.leaves, model_step):
+                    p -= rule.lr * g
+                x.items -= rule.lr * row_step
         loss_sum += per_user.detach()
-    full = (item_mask / item_mask.sum(1, keepdim=True))
-    for _ in range(cfg.local.user_steps - 1):  # extra private steps: personalisation costs no privacy
-        err = (predict(item_input(items_x).detach()) - targets) ** 2
-        g_user, *g_off = torch.autograd.grad((full * err).sum(), [user_x, *([offset] if private else [])])
+    every_rating = x.item_mask / x.item_mask.sum(1, keepdim=True)
+    for _ in range(rule.user_steps - 1):  # extra private steps: personalisation costs no privacy
+        user_grad, offset_grad = x.private_gradients((every_rating * x.squared_errors(detach_items=True)).sum())
         with torch.no_grad():
-            user_x -= cfg.local.user_lr * g_user
-            if private:
-                offset -= cfg.local.user_lr * g_off[0]
-    steps = 1 if delta else cfg.local.steps  # delta: the whole local change over lr; gradient: the mean
+            x.user -= rule.user_lr * user_grad
+            if offset_grad is not None:
+                x.offset -= rule.user_lr * offset_grad
+    steps = 1 if rule.delta else rule.steps  # delta: the whole local change over lr; gradient: the mean
     with torch.no_grad():
-        model_grads = grad_sum if steps == 1 else [g / steps for g in grad_sum]
-        rows_out = row_grad.detach() if steps == 1 else row_grad.detach() / steps
-    offsets = offset.detach().cpu().numpy().astype(np.float64) if private else np.array([st.offset for st in states])
-    return StepBatch(model_grads, rows_out, [t for t, _ in counts], user_x.detach().cpu().numpy(),
-                     (loss_sum / cfg.local.steps).cpu().numpy(), offsets)
+        model_grads = model_sum if steps == 1 else [g / steps for g in model_sum]
+        rows_out = row_sum.detach() if steps == 1 else row_sum.detach() / steps
+    offsets = (x.offset.detach().cpu().numpy().astype(np.float64) if rule.private_offset
+               else np.array([st.offset for st in states]))
+    return StepBatch(model_grads, rows_out, [t for t, _ in x.counts], x.user.detach().cpu().numpy(),
+                     (loss_sum / rule.steps).cpu().numpy(), offsets)
 
 
 def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData], batch: StepBatch,
