@@ -204,9 +204,8 @@ class FedGNNStrategy(Strategy):
             step = self.rounds.popularity if phase == PHASE_POPULARITY else self.rounds.register
             step(logical, replies, self.round_started)
             return ndarrays_to_parameters(self.server.model_weights()), {}
-        if self.train_plan is None or self.train_plan.round != logical:
-            raise RuntimeError(f"aggregate_fit of logical round {logical} without its configure_fit")
-        record = self.rounds.train(self.train_plan, replies, reasons, self.round_started, self.bytes_down)
+        record = self.rounds.train(self._plan(self.train_plan, logical), replies, reasons, self.round_started,
+                                   self.bytes_down)
         if not self._is_eval_round(server_round):  # eval rounds checkpoint after their evaluation
             self._maybe_checkpoint(server_round)
         metrics = {k: v for k, v in record.items() if isinstance(v, (int, float))}
@@ -253,6 +252,12 @@ class FedGNNStrategy(Strategy):
         self.rounds.record_expansion(logical, phase, users, neighbours, self.round_started)
         return ndarrays_to_parameters(self.server.model_weights()), {}
 
+    @staticmethod
+    def _plan(plan: RoundPlan | None, logical: int) -> RoundPlan:
+        """The plan this round's configure call made, or, without one, a plan that asked nobody (every reply is
+        then refused as not asked)."""
+        return plan if plan is not None and plan.round == logical else RoundPlan(logical, {})
+
     def _is_eval_round(self, server_round: int) -> bool:
         return self.lifecycle.evaluates_at(server_round, self.rounds.train_rounds_done, self.resumed_after)
 
@@ -271,9 +276,7 @@ class FedGNNStrategy(Strategy):
     def aggregate_evaluate(self, server_round: int, results, failures):
         """RMSE = sqrt(sum SSE / sum n) over the accepted replies; MAE likewise."""
         replies = [NodeReply(proxy.node_id, metrics=dict(res.metrics)) for proxy, res in results]
-        if self.eval_plan is None or self.eval_plan.round != self.logical(server_round):
-            raise RuntimeError(f"aggregate_evaluate of Flower round {server_round} without its configure_evaluate")
-        metrics = self.rounds.evaluate(self.eval_plan, replies, len(failures))
+        metrics = self.rounds.evaluate(self._plan(self.eval_plan, self.logical(server_round)), replies, len(failures))
         if self.phase(server_round) == PHASE_TRAIN:
             self._maybe_checkpoint(server_round)
         self._finish_if_last(server_round)
