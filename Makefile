@@ -47,7 +47,7 @@ plot: install
 # started with (PATH, FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION).
 # Stops only this user's local SuperLink of this Flower home, by process id (never other users' or runs').
 stop-superlink: install
-	$(BIN)/python -m fedrec_flwr.local_superlink
+	$(BIN)/python -m fedrec_flwr.flower.local_superlink
 
 clean:
 	rm -rf outputs .cache

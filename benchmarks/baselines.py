@@ -4,7 +4,7 @@
 
 For each registry dataset (or `synthetic`, the embedded default), the test RMSE of the global mean,
 each user's mean, each item's mean and the regularised bias model (global mean + user bias + item
-bias, ten alternating passes of regularised means; `fedrec_flwr.baselines`), all fitted on the
+bias, ten alternating passes of regularised means; `fedrec_flwr.reference.baselines`), all fitted on the
 whole training split, no federation, no privacy, predictions clipped to the dataset's scale.
 Merges into the JSON record, keyed by dataset.
 """
@@ -17,11 +17,11 @@ from datetime import date
 from pathlib import Path
 
 from benchmarks.common import add_data_dir, markdown_table
-from fedrec_flwr.baselines import baseline_rmses, best_trivial
+from fedrec_flwr.cli.runner import input_errors_exit
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.runner import input_errors_exit
+from fedrec_flwr.reference.baselines import baseline_rmses, best_trivial
 
 
 def dataset_baselines(dataset: str, data_dir: str) -> dict:

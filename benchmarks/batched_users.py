@@ -4,7 +4,7 @@
 
 For each case (the `quickstart` preset on the embedded synthetic data, d = 32; `fedgnn_tuned` on
 ML-100K, d = 256, skipped when its files are absent; `fedgnn_paper`, GAT d = 256, on 1,000 synthetic
-users shaped like ML-10M, whose power-law degrees test the grouping's padding) runs `fedrec_flwr.inprocess` with
+users shaped like ML-10M, whose power-law degrees test the grouping's padding) runs `fedrec_flwr.cli.inprocess` with
 `simulation.user_batch` = 1 and = 32, alternating, `repeats` times, on one thread; records the
 median training-round seconds of each (rounds after the first), their ratio, and both runs' final
 RMSE (equal up to float rounding). Writes benchmarks/results/batched_users.json.
@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import add_data_dir
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import DataError
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.inprocess import run_in_process
 
 ML10M_SHAPE = ("data.synthetic.num_users=1000", "data.synthetic.num_items=10677", "data.synthetic.mean_degree=180")
 CASES = [("quickstart", "synthetic", ()), ("fedgnn_tuned", "ml-100k", ()), ("fedgnn_paper", "synthetic", ML10M_SHAPE)]

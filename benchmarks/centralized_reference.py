@@ -22,8 +22,8 @@ from datetime import date
 from pathlib import Path
 
 from benchmarks.common import add_data_dir
-from fedrec_flwr.centralized import run_centralized
 from fedrec_flwr.config import load_config, parse_overrides
+from fedrec_flwr.reference.centralized import run_centralized
 
 
 def main() -> None:

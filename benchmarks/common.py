@@ -12,8 +12,8 @@ import time
 from datetime import date
 from typing import Sequence
 
-from fedrec_flwr.sweep import fedrec_run as fedrec_run  # one `fedrec run` call in this process (re-exported)
-from fedrec_flwr.sweep import results_file as results_file  # where a rerun writes (re-exported)
+from fedrec_flwr.cli.sweep import fedrec_run as fedrec_run  # one `fedrec run` call in this process (re-exported)
+from fedrec_flwr.cli.sweep import results_file as results_file  # where a rerun writes (re-exported)
 
 DATA_DIR = "data"
 
@@ -41,13 +41,13 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
 
 
 def in_process_record(cfg, log_every: int = 0, probe=None) -> dict:
-    """One FedGNN run of `cfg` in this process on one torch thread (`fedrec_flwr.inprocess`: the round core and
+    """One FedGNN run of `cfg` in this process on one torch thread (`fedrec_flwr.cli.inprocess`: the round core and
     device code of `flwr run`): its final metrics, RMSE curve, accounted budget at the end, and times (a run
     resumed from its checkpoint counts the time its rounds took before). With a `probe` (see run_in_process),
     each number it returns is kept per evaluated round too, under `probes`."""
     import torch
 
-    from fedrec_flwr.inprocess import run_in_process
+    from fedrec_flwr.cli.inprocess import run_in_process
 
     torch.set_num_threads(1)
     keys: set[str] = set()

@@ -4,7 +4,7 @@
         [--users-per-node 1 8 32 128] [--rounds 6]
 
 The floor is the same users' work for one round in one process, with no Flower: the in-process runner
-(`fedrec_flwr.inprocess`, the same user code and round core) on one core, with the round's users batched
+(`fedrec_flwr.cli.inprocess`, the same user code and round core) on one core, with the round's users batched
 (`simulation.user_batch`, as the preset sets it) and, for comparison, one user at a time. Then, for each
 `simulation.users_per_node` U, a FedGNN `flwr run` on ceil(users / U) virtual SuperNodes (U = 0, the default:
 one per core, `federation_size.auto_nodes`) and the
@@ -27,11 +27,11 @@ import torch
 
 from benchmarks.common import add_data_dir, fedrec_run
 from benchmarks.fedgnn_overhead import median_round_seconds
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.federation_size import auto_nodes
-from fedrec_flwr.inprocess import run_in_process
-from fedrec_flwr.results import load_results
+from fedrec_flwr.flower.federation_size import auto_nodes
+from fedrec_flwr.reporting.results import load_results
 
 
 def main() -> None:

@@ -9,7 +9,7 @@
    10% of the training ratings held out of training, `fedrec_flwr.data.holdout`), `--max-rounds` long, its
    RMSE on the held-out ratings every `--eval-every` rounds. The test ratings are not read.
 2. The number of rounds R: the first evaluation at which the validation RMSE's 5-evaluation trailing mean fell by
-   less than 0.001 over the last 10% of the rounds (`fedrec_flwr.convergence.rounds_to_flatten`); the
+   less than 0.001 over the last 10% of the rounds (`fedrec_flwr.reporting.convergence.rounds_to_flatten`); the
    whole run if it never flattened (then the record says so).
 3. Test: one run per seed on the full training ratings, R rounds, scored on every test rating; its
    accounted privacy budget is that of R rounds.
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from benchmarks.common import add_data_dir, add_resume, in_process_record, results_file
 from fedrec_flwr.config import load_config
-from fedrec_flwr.convergence import FLATTEN_SMOOTHING, FLATTEN_TOLERANCE, FLATTEN_WINDOW, rounds_to_flatten
 from fedrec_flwr.fsutil import atomic_write
+from fedrec_flwr.reporting.convergence import FLATTEN_SMOOTHING, FLATTEN_TOLERANCE, FLATTEN_WINDOW, rounds_to_flatten
 
 
 def one_run(preset: str, dataset: str, seed: int, data_dir: str, overrides: list[str]) -> dict:

@@ -6,7 +6,7 @@
     python -m benchmarks.expansion_probes --plot benchmarks/results/expansion_probes-ml-100k.json \
         benchmarks/results/expansion_probes-ml-100k.png
 
-Every cell is one in-process run (`fedrec_flwr.inprocess`: the round core, device code, neighbour service
+Every cell is one in-process run (`fedrec_flwr.cli.inprocess`: the round core, device code, neighbour service
 process and schedule of `flwr run`, one torch thread) of the `fedgnn_tuned` preset (GGNN, privacy on) at the
 length chosen for it on a validation holdout (`benchmarks.converged_runs`: `chosen_rounds` of
 converged-fedgnn_tuned-<dataset>.json, 700 rounds on ML-100K), scored on every test rating. The variants

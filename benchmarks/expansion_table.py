@@ -22,7 +22,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.common import add_data_dir, add_resume, results_file
-from fedrec_flwr.sweep import load_sweep, run_missing, run_record
+from fedrec_flwr.cli.sweep import load_sweep, run_missing, run_record
 
 GNNS = ("gat", "gcn", "ggnn")
 MODES = ("none", "trainable", "fixed")

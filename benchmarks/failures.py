@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.common import add_data_dir, fedrec_run
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.results import load_results
+from fedrec_flwr.reporting.results import load_results
 
 TUNED = ["server_opt.name=adam", "server_opt.lr=0.003", "local.loss=sum", "local.user_lr=0.1",
          "local.user_steps=5"]

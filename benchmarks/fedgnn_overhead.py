@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.common import add_data_dir, fedrec_run
 from fedrec_flwr.config import load_config
-from fedrec_flwr.results import load_results
+from fedrec_flwr.reporting.results import load_results
 
 
 def median_round_seconds(doc: dict) -> float:

@@ -5,7 +5,7 @@ benchmarks/results/<preset>.json.
     python -m benchmarks.fedgnn_tuned_runs --data-dir DATA --dataset ml-100k --preset fedgnn_features --seeds 0 1
 
 One run per seed of the preset as it is (its per-dataset schedule, popularity-matched pseudo items, the
-paper's LDP) through `fedrec_flwr.inprocess`: the round core and device code of `flwr run`, which gives the
+paper's LDP) through `fedrec_flwr.cli.inprocess`: the round core and device code of `flwr run`, which gives the
 same numbers (BENCHMARKS.md, first run). Each run keeps its final metrics, its RMSE curve, its accounted
 budget and its wall time. Resumable: a (dataset, seed, sampler, overrides) already in the file is skipped,
 the file is saved after each run.
@@ -18,9 +18,9 @@ import json
 from pathlib import Path
 
 from benchmarks.common import add_data_dir, add_resume, in_process_record, results_file
+from fedrec_flwr.cli.sweep import finished
 from fedrec_flwr.config import load_config
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.sweep import finished
 
 PRESETS = ("fedgnn_tuned", "fedgnn_features")
 

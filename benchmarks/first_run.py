@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 
-from fedrec_flwr.baselines import baseline_rmses, best_trivial
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.inprocess import run_in_process
+from fedrec_flwr.reference.baselines import baseline_rmses, best_trivial
 
 
 def main() -> None:

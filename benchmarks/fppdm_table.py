@@ -22,8 +22,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from benchmarks.common import add_data_dir, add_resume, results_file
+from fedrec_flwr.cli.sweep import load_sweep, run_missing
 from fedrec_flwr.config import CONF_DIR, dataset_conf_paths
-from fedrec_flwr.sweep import load_sweep, run_missing
 
 PRESETS = ("single_domain", "fedavg_lightgcn", "fppdm", "fppdm_pp")
 

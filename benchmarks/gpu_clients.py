@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu_clients [--devices cpu cuda] [--users 2000] [--rounds 4] [--data-dir DATA]
 
-FedGNN: `fedrec_flwr.inprocess.run_in_process` (FedGNNUser + FedGNNServer, paper preset, privacy on)
+FedGNN: `fedrec_flwr.cli.inprocess.run_in_process` (FedGNNUser + FedGNNServer, paper preset, privacy on)
 on synthetic data shaped like ML-10M (10,677 items, ~144 ratings per user), 128 users per
 round; clients/s = users trained per second of round time (median over rounds after the
 first). FPPDM: seconds per local epoch of one DomainTrainer on a synthetic domain (and the last
@@ -28,12 +28,12 @@ import numpy as np
 import torch
 
 from benchmarks.fppdm_round_time import PAPER, one_round
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import load_multidomain
 from fedrec_flwr.data.synthetic import make_synthetic_multidomain
 from fedrec_flwr.fppdm.domain import DomainData, DomainTrainer
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.inprocess import run_in_process
 
 # synthetic data with ML-10M's catalogue and ratings per user
 ML10M_SHAPE = ["data.synthetic.num_items=10677", "data.synthetic.mean_degree=180"]

@@ -2,7 +2,7 @@
 
     python -m benchmarks.item_spectrum --dataset ml-100k --data-dir ../shared/data [--rounds 120]
 
-Trains the `fedgnn_tuned` preset in-process (`fedrec_flwr.inprocess`, the same user and server code as a
+Trains the `fedgnn_tuned` preset in-process (`fedrec_flwr.cli.inprocess`, the same user and server code as a
 `flwr run`) once with privacy on and once with it off. At every evaluation it records the item
 table's singular values, how many of them exceed the Gavish-Donoho optimal hard threshold (the
 components a matrix in i.i.d. noise lets one tell apart from that noise), and the RMSE when every
@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import add_data_dir
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import load_config, parse_overrides
 from fedrec_flwr.fedgnn.spectrum import spectrum_probe
-from fedrec_flwr.inprocess import run_in_process
 
 PRIVACY_OFF = ["privacy.ldp=false", "privacy.pseudo_items=0"]
 

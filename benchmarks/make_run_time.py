@@ -22,7 +22,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from fedrec_flwr.results import load_results
+from fedrec_flwr.reporting.results import load_results
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "outputs" / "latest"

@@ -13,7 +13,7 @@ sample) replace their protected upload by an attack:
 - `flip`: the honest protected upload negated;
 - `scaled`: the honest protected upload times 100.
 Each run uses the same seed, so it differs from the clean run only by the attack. Runs in-process
-through the same round core as `flwr run` (fedrec_flwr.inprocess). Prints a table and writes JSON.
+through the same round core as `flwr run` (fedrec_flwr.cli.inprocess). Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ import numpy as np
 import torch
 
 from benchmarks.common import add_data_dir, markdown_table
+from fedrec_flwr.cli.inprocess import run_in_process
+from fedrec_flwr.cli.runner import input_errors_exit
 from fedrec_flwr.config import load_config, parse_overrides
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.bounds import PER_CHECK, ldp_coordinate_bound, ldp_l1_bound
-from fedrec_flwr.inprocess import run_in_process
-from fedrec_flwr.runner import input_errors_exit
 
 ATTACKS = ("coordinated-at-bound", "strongest-passing", "flip-at-bound", "flip", "scaled")
 

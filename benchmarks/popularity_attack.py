@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import add_data_dir
+from fedrec_flwr.audit.attacks import registration_popularity_attack
 from fedrec_flwr.config import load_config
-from fedrec_flwr.privacy.attacks import registration_popularity_attack
 
 SAMPLERS = ("uniform", "popularity")
 

@@ -6,7 +6,7 @@ For each user of a small synthetic dataset the client builds one real upload; th
 ranks that upload's rows by each feature and we report the mean AUC over users (0.5 is
 chance), for: the full protection (pseudo rows + LDP), pseudo rows without LDP, and a
 strawman whose pseudo rows are zeros (the attack's power); then the model-gradient attacks. The
-attacks are `fedrec_flwr.privacy.attacks`; this is their command line. Writes
+attacks are `fedrec_flwr.audit.attacks`; this is their command line. Writes
 benchmarks/results/privacy_attack.json.
 """
 
@@ -16,8 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+from fedrec_flwr.audit.attacks import FEATURES, model_gradient_auc, within_upload_auc
 from fedrec_flwr.config import load_config
-from fedrec_flwr.privacy.attacks import FEATURES, model_gradient_auc, within_upload_auc
 
 
 def main() -> None:

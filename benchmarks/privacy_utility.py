@@ -3,7 +3,7 @@
     python -m benchmarks.privacy_utility --data-dir DATA [--datasets ml-100k douban] [--preset fedgnn_tuned]
         [--lambdas 0.1 0.2 0.4] [--epochs 6] [--uploads delta]
 
-One in-process run (the round core and user code of `flwr run`, `fedrec_flwr.inprocess`) per dataset and
+One in-process run (the round core and user code of `flwr run`, `fedrec_flwr.cli.inprocess`) per dataset and
 Laplace scale lambda, for `--epochs` epochs (an epoch: users / clients_per_round rounds, so each user
 uploads about once per epoch). Every evaluation records the RMSE beside the accounted budget up to that
 round (`fedrec_flwr.fedgnn.accounting`): the median user's uploads and its total epsilon, basic and
@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import add_data_dir
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.inprocess import run_in_process
 
 PAPER = {"ml-100k": 0.920, "douban": 0.790}  # FedGNN's RMSE with its privacy (Wu et al. 2022, Table 2)
 

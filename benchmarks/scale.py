@@ -26,7 +26,7 @@ from benchmarks.common import fedrec_run
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.results import load_results
+from fedrec_flwr.reporting.results import load_results
 
 ML10M_SHAPE = ["data.synthetic.num_items=10677", "data.synthetic.mean_degree=180"]
 

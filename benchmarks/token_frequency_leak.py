@@ -7,7 +7,7 @@ popularity from auxiliary data ranks tokens by count and items by popularity and
 We report the fraction of tokens paired with their true item (ties broken at random) when the
 auxiliary popularity is (a) the exact training counts (worst case) and (b) another split of the
 same catalogue (ML-100K u2.base against u1.base, a realistic public copy), plus the random-guess
-baseline. The attack is `fedrec_flwr.privacy.attacks.popularity_reidentification`; this is its
+baseline. The attack is `fedrec_flwr.audit.attacks.popularity_reidentification`; this is its
 command line. Writes benchmarks/results/token_frequency_leak.json.
 """
 
@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import add_data_dir
+from fedrec_flwr.audit.attacks import popularity_reidentification
 from fedrec_flwr.data.loaders import load_split_files
 from fedrec_flwr.data.types import RatingScale
-from fedrec_flwr.privacy.attacks import popularity_reidentification
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
     python -m benchmarks.user_dp_curve --data-dir DATA [--datasets ml-100k douban] [--epsilons 1 2 4 8 16]
         [--rounds 100] [--seed 0] [--set KEY=VALUE ...]
 
-One in-process run (`fedrec_flwr.inprocess`: the round core and device code of `flwr run`, the SecAgg+ sum
+One in-process run (`fedrec_flwr.cli.inprocess`: the round core and device code of `flwr run`, the SecAgg+ sum
 taken directly) of the `fedgnn_user_dp` preset per dataset and target epsilon, with sigma calibrated so the
 run's rounds spend exactly that epsilon at delta = 1e-5 (add or remove one user; Poisson-subsampled
 Gaussian, RDP; the one evaluation it releases, at the end, is charged in the same budget). Each point keeps
@@ -26,12 +26,12 @@ import torch
 
 from benchmarks.common import add_data_dir, add_resume, results_file
 from benchmarks.privacy_utility import paper_budget_point
-from fedrec_flwr.baselines import baseline_rmses
+from fedrec_flwr.cli.inprocess import run_in_process
+from fedrec_flwr.cli.sweep import finished
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.inprocess import run_in_process
-from fedrec_flwr.sweep import finished
+from fedrec_flwr.reference.baselines import baseline_rmses
 
 OUT = Path("benchmarks/results/user_dp_curve.json")
 LDP = Path("benchmarks/results/privacy_utility.json")

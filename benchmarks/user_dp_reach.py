@@ -38,14 +38,14 @@ import numpy as np
 import torch
 
 from benchmarks.common import add_data_dir, add_resume, results_file
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import load_config
 from fedrec_flwr.fedgnn import rounds as rounds_module
 from fedrec_flwr.fedgnn import user_dp
 from fedrec_flwr.fedgnn.user_dp import TAIL_LOG, sample_count_bound
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.privacy.device_secret import DeviceSecret
-from fedrec_flwr.results import RunFailed
+from fedrec_flwr.reporting.results import RunFailed
 
 DIRECTIONS = ("reverse-last", "constant", "reverse-sum")
 BOUNDS = ("l2-linear", "chi-square", "per-node-verified")

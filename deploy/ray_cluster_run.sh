@@ -8,7 +8,7 @@
 # RAY_ADDRESS. `flwr run . local` hands the run to a background SuperLink that keeps the environment it
 # was started with, so this script gives the run a Flower home of its own (FLWR_HOME in a fresh work
 # folder): the SuperLink started there sees RAY_ADDRESS, and the user's own SuperLink is never touched.
-# At the end it stops that SuperLink by process id (fedrec_flwr.local_superlink), and with --local-cluster
+# At the end it stops that SuperLink by process id (fedrec_flwr.flower.local_superlink), and with --local-cluster
 # the two Ray nodes it started (each a `ray start --block` process, whose SIGTERM stops that node's own
 # processes and nothing else), then removes the work folder. Nothing is stopped by name.
 # --local-cluster: RAY_NODE_CPUS CPUs per node (default 1), RAY_PORT (default 6390). The ClientApp actors
@@ -36,7 +36,7 @@ mkdir -p "$FLWR_HOME"
 node_pids=()
 
 cleanup() {
-  "$PY" -m fedrec_flwr.local_superlink >/dev/null 2>&1 || true  # the SuperLink of this run's Flower home only
+  "$PY" -m fedrec_flwr.flower.local_superlink >/dev/null 2>&1 || true  # the SuperLink of this run's Flower home only
   local pid
   for pid in "${node_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${node_pids[@]}"; do  # a node that outlives 30 s of SIGTERM is killed (its reaper ends the rest)
@@ -93,4 +93,4 @@ fi
 size=$(cluster_size "$RAY_ADDRESS")
 echo "ray_cluster_run.sh: cluster at $RAY_ADDRESS: ${size% *} nodes, ${size#* } CPUs"
 export FEDREC_CLUSTER_CPUS="${size#* }"  # fedrec run's default sizing: one SuperNode per CPU of the cluster
-"$PY" -m fedrec_flwr.cli run "$@"
+"$PY" -m fedrec_flwr.cli.commands run "$@"

@@ -5,7 +5,7 @@ its own process; then `flwr run`.
     python deploy/run_local.py --work /tmp/fedrec-deploy [--algorithms fedgnn fedgnn_user_dp fppdm] [--rounds N]
 
 Every step is the one a real operator runs on separate machines (see README, "Deployment"):
-certificates (deploy/make_certs.sh), per-node data files (fedrec_flwr.node_data), a SuperLink
+certificates (deploy/make_certs.sh), per-node data files (fedrec_flwr.deployment.node_data), a SuperLink
 with --enable-supernode-auth, `flwr supernode register` of each node's public key, SuperNodes
 started with their private key and `--node-config data-path=...` (their own file only), and
 `flwr run . <connection>`. It also starts a SuperNode whose key was never registered and checks
@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
-from fedrec_flwr.app_source import staged_app  # noqa: E402  (the project's root is on the path only now)
+from fedrec_flwr.flower.app_source import staged_app  # noqa: E402  (the project's root is on the path only now)
 
 
 class DeployError(RuntimeError):
@@ -255,7 +255,7 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
             run_set += [f"expansion.service_address=127.0.0.1:{service}", f"expansion.ca_file={certs / 'ca.crt'}",
                         f"expansion.service_token_file={token_file}"]
         with Phase(algorithm, "per-node data files"):
-            dep.run("node data", [sys.executable, "-m", "fedrec_flwr.node_data", "--preset", preset, "--dataset",
+            dep.run("node data", [sys.executable, "-m", "fedrec_flwr.deployment.node_data", "--preset", preset, "--dataset",
                                   dataset, "--out", str(data), "--cache-dir", str(work / "cache"), "--set", *data_set])
         missing = [f for f in files if not f.is_file()]
         if missing:

@@ -243,7 +243,7 @@ class SimulationConfig:
     num_gpus: float = ranged(0.0, _NON_NEGATIVE)  # fractional GPU per ClientApp; > 0 moves models and batches to CUDA; may exceed 1: several GPUs per ClientApp
     device: str = "auto"  # "auto": cuda when num_gpus > 0 and a GPU is visible, else cpu; or "cpu"/"cuda"
     # false: the ServerApp drops Flower's own INFO lines of every round and its end-of-run History dump
-    # (fedrec_flwr.logs), leaving one `[fedgnn]` / `[fppdm]` line per round; true: show them (also in a deployment)
+    # (fedrec_flwr.reporting.logs), leaving one `[fedgnn]` / `[fppdm]` line per round; true: show them (also in a deployment)
     flower_logs: bool = False
     # the simulated devices' secrets, the source of every privacy draw: "" (default) each simulated device draws
     # its own from the OS, fresh every run; a file path (64 hex characters, mode 600; created if missing): every

@@ -20,7 +20,6 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from fedrec_flwr.config import AppConfig, to_dict
-from fedrec_flwr.federation_size import hosted_per_node
 from fedrec_flwr.fedgnn.bindings import bindings_for
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, checkpoint_folder, load_resumable
 from fedrec_flwr.fedgnn.protocol import (
@@ -36,8 +35,9 @@ from fedrec_flwr.fedgnn.protocol import (
 )
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds, RoundPlan
 from fedrec_flwr.fedgnn.server import FedGNNServer
+from fedrec_flwr.flower.federation_size import hosted_per_node
 from fedrec_flwr.messages import NodeReply
-from fedrec_flwr.results import RunRecorder, records_failure
+from fedrec_flwr.reporting.results import RunRecorder, records_failure
 from strategies.nodes import FederationSizeError, decode_replies, wait_for_nodes
 
 log = logging.getLogger("fedrec_flwr.fedgnn")

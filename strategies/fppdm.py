@@ -17,7 +17,7 @@ from flwr.server.strategy import Strategy
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.fppdm.rounds import FPPDMRounds
 from fedrec_flwr.messages import NodeReply
-from fedrec_flwr.results import RunRecorder, records_failure
+from fedrec_flwr.reporting.results import RunRecorder, records_failure
 from strategies.nodes import check_domain_nodes, decode_replies, wait_for_nodes
 
 

@@ -8,7 +8,7 @@ from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.strategy import FedAvg
 
 from fedrec_flwr.messages import array_bytes
-from fedrec_flwr.results import RunRecorder
+from fedrec_flwr.reporting.results import RunRecorder
 
 
 class TimedFedAvg(FedAvg):

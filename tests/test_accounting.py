@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from oracle_rdp import ldp_epsilon
 
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.accounting import budget, epsilon_per_coordinate, tight_epsilon
 from fedrec_flwr.fedgnn.server import sample_users
-from fedrec_flwr.inprocess import run_in_process
 
 
 def test_one_coordinate_is_the_papers_epsilon_and_tight_is_the_laplace_rdp_bound():

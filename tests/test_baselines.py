@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrec_flwr.baselines import baseline_rmses, best_trivial, fit_biases
 from fedrec_flwr.data import (
     RatingDataset,
     Ratings,
@@ -13,6 +12,7 @@ from fedrec_flwr.data import (
     UserPartitions,
     prepare_partitions,
 )
+from fedrec_flwr.reference.baselines import baseline_rmses, best_trivial, fit_biases
 
 
 def _ds(train, test, users=3, items=3):

@@ -8,11 +8,11 @@ import pytest
 import torch
 from oracle_local_step import oracle_uploads, pyg_evaluate
 
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.local_step import size_groups, train_users
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, evaluate_user, set_weights
-from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.models.rating_gnn import build_model, row_width
 from tests.conftest import fixed_secrets
 

@@ -2,8 +2,8 @@
 
 import json
 
-from fedrec_flwr.centralized import run_centralized
 from fedrec_flwr.config import load_config
+from fedrec_flwr.reference.centralized import run_centralized
 
 
 def test_centralized_beats_global_mean(tmp_path):
@@ -22,8 +22,8 @@ def test_the_centralized_reference_scores_every_test_rating_cold_users_and_items
     """A user with test ratings only, and an item rated in the test split only: both scored."""
     import numpy as np
 
-    from fedrec_flwr.centralized import CentralizedTrainer
     from fedrec_flwr.data import RatingDataset, Ratings, RatingScale
+    from fedrec_flwr.reference.centralized import CentralizedTrainer
 
     rng = np.random.default_rng(0)
     users, items = np.repeat(np.arange(20), 6), rng.integers(0, 30, 120)
@@ -43,8 +43,8 @@ def test_baselines_are_scored_on_the_same_users_as_a_sampled_evaluation():
     """With federation.eval_fraction < 1 the model is scored on a sample of users: its baselines then are too."""
     import numpy as np
 
-    from fedrec_flwr.baselines import baseline_rmses, baselines_on_users
     from fedrec_flwr.data import RatingDataset, Ratings, RatingScale
+    from fedrec_flwr.reference.baselines import baseline_rmses, baselines_on_users
 
     train = Ratings(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 0, 1, 0]), np.array([5.0, 4.0, 1.0, 2.0, 3.0], np.float32))
     test = Ratings(np.array([0, 1, 2]), np.array([2, 2, 1]), np.array([5.0, 1.0, 3.0], np.float32))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedrec_flwr.cli import main
+from fedrec_flwr.cli.commands import main
 from fedrec_flwr.config import CONF_DIR, AppConfig, available_presets, load_config, to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,8 +101,8 @@ def test_an_in_process_run_that_trains_nothing_fails_with_the_reason(tmp_path):
     """Every upload refused (a NaN in each): no round applied, so no result (the CLI exits with this reason)."""
     import numpy as np
 
-    from fedrec_flwr.inprocess import run_in_process
-    from fedrec_flwr.results import RunFailed
+    from fedrec_flwr.cli.inprocess import run_in_process
+    from fedrec_flwr.reporting.results import RunFailed
 
     cfg = load_config("fedgnn_paper", "synthetic", [
         f"data.cache_dir={tmp_path}", "data.synthetic.num_users=12", "data.synthetic.num_items=40", "model.dim=8",
@@ -136,7 +136,7 @@ def test_baselines_summary_and_plot(tmp_path, capsys, monkeypatch):
 def test_a_benchmark_rerun_writes_a_fresh_file_unless_told_to_resume(tmp_path):
     """A documented benchmark command reruns every cell into a fresh file beside the committed record; only
     --resume continues (and rewrites) the named file."""
-    from fedrec_flwr.sweep import results_file
+    from fedrec_flwr.cli.sweep import results_file
 
     committed = tmp_path / "fppdm_table.json"
     assert results_file(committed, resume=False) == committed  # nothing there yet: the named file

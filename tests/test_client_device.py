@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedrec_flwr.client_app import client_device
 from fedrec_flwr.config import load_config
+from fedrec_flwr.flower.client_app import client_device
 
 
 def _cfg(*overrides: str):

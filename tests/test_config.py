@@ -62,8 +62,8 @@ def test_flower_run_config_maps_to_app_config():
 def test_client_resources_and_device_come_from_config():
     import torch
 
-    from fedrec_flwr.client_app import client_device
-    from fedrec_flwr.runner import federation_config
+    from fedrec_flwr.cli.runner import federation_config
+    from fedrec_flwr.flower.client_app import client_device
 
     cfg = load_config("fedgnn_paper", "synthetic", ["simulation.num_gpus=0.25", "simulation.num_cpus=2"])
     assert federation_config(7, cfg) == "num-supernodes=7 client-resources-num-cpus=2 client-resources-num-gpus=0.25"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrec_flwr.cli import main as cli_main
+from fedrec_flwr.cli.commands import main as cli_main
 from fedrec_flwr.config import (
     AppConfig,
     ConfigError,
@@ -173,7 +173,7 @@ def test_each_error_is_one_line_naming_the_key(override, key):
 
 
 def test_the_cli_prints_a_config_error_as_one_line_and_exits_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "fedrec_flwr.cli", "run", "--out", str(tmp_path / "o"), "--set", "federation.rounds=0"],
+    proc = subprocess.run([sys.executable, "-m", "fedrec_flwr.cli.commands", "run", "--out", str(tmp_path / "o"), "--set", "federation.rounds=0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == ["error: config key 'federation.rounds' = 0; expected >= 1"]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fedrec_flwr.convergence import rounds_to_flatten
+from fedrec_flwr.reporting.convergence import rounds_to_flatten
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.dim=8", "federation.clients_per_round=32", "simulation.user_batch=32"]

@@ -5,7 +5,7 @@ file format goes where the registry looks for it (under the data dir; existing f
 a checksum, which is checked only on download), the preset + dataset file resolve to the dataset's
 own settings, and the run of `fedrec run --preset fedgnn_tuned --dataset <name>`, cut to 2 training
 rounds, ends with a finite RMSE on the dataset's scale. Flixster goes through the driver itself
-(`fedrec_flwr.cli.main`), whose `flwr run` is answered by the app's own ServerApp and ClientApp entry
+(`fedrec_flwr.cli.commands.main`), whose `flwr run` is answered by the app's own ServerApp and ClientApp entry
 points in this process; the real `flwr run` transport through the same driver is tests/test_e2e_flwr.py's.
 The rest go through the same server and clients in one process (tests/inprocess.py).
 """
@@ -29,12 +29,12 @@ from test_data import write_mat_v73
 from clients.fedgnn import FedGNNClient
 from clients.user_store import NodeStateStore
 from fedrec_flwr.algorithms import get_algorithm
-from fedrec_flwr.client_app import client_fn, users_of
 from fedrec_flwr.config import CONF_DIR, load_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_from_config, prepare_partitions
 from fedrec_flwr.data.sources import get_spec
-from fedrec_flwr.federation_size import auto_nodes
-from fedrec_flwr.server_app import fedgnn_components, server_fn
+from fedrec_flwr.flower.client_app import client_fn, users_of
+from fedrec_flwr.flower.federation_size import auto_nodes
+from fedrec_flwr.flower.server_app import fedgnn_components, server_fn
 from tests.conftest import TEST_SECRET
 
 # public facts of each dataset (README "Datasets"): users, items, and the most ratings one user has
@@ -220,7 +220,7 @@ def test_a_two_round_fedgnn_tuned_run_on_a_fixture_of_each_dataset(name, tmp_pat
 
 
 def _in_process_flwr_run(cmd: list[str], env, log_path=None, debug=False) -> int:
-    """Stands in for `flwr run` (fedrec_flwr.runner.stream_flwr_run): the run config and SuperNode count the driver
+    """Stands in for `flwr run` (fedrec_flwr.cli.runner.stream_flwr_run): the run config and SuperNode count the driver
     passed, fused with pyproject's defaults as Flower does, into the app's own ServerApp and ClientApp entry
     points (server_fn, client_fn), driven in this process (no output to log or filter). Returns the exit code 0."""
     class AsNumPy:
@@ -255,8 +255,8 @@ def test_flixster_through_the_benchmark_driver(tmp_path, capsys, monkeypatch):
     """`fedrec run --preset fedgnn_tuned --dataset flixster --data-dir DATA`, cut to 2 rounds: the driver's own
     config, node count and run config, answered by the app's ServerApp and ClientApp entry points in this process
     (`_in_process_flwr_run`). Flower's own transport under the same driver: tests/test_e2e_flwr.py."""
-    import fedrec_flwr.runner as run_driver
-    from fedrec_flwr.cli import main as cli_main
+    import fedrec_flwr.cli.runner as run_driver
+    from fedrec_flwr.cli.commands import main as cli_main
 
     monkeypatch.setattr(run_driver, "stream_flwr_run", _in_process_flwr_run)
     scale = write_fixture("flixster", tmp_path / "data")

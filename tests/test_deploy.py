@@ -78,7 +78,7 @@ def test_ray_cluster_script_runs_clientapps_on_both_nodes_matches_a_plain_run_an
         plain = subprocess.run([str(ROOT / ".venv" / "bin" / "fedrec"), "run", *run_args, "--out", str(tmp_path / "plain")],
                                env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     finally:
-        subprocess.run([sys.executable, "-m", "fedrec_flwr.local_superlink"], env=env, cwd=ROOT, timeout=60, check=False)
+        subprocess.run([sys.executable, "-m", "fedrec_flwr.flower.local_superlink"], env=env, cwd=ROOT, timeout=60, check=False)
     assert plain.returncode == 0, plain.stdout[-2000:] + plain.stderr[-2000:]
 
     work = Path(tempfile.mkdtemp(prefix="fr-", dir="/tmp"))  # short: Ray's socket paths live under it

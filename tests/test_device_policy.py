@@ -242,7 +242,7 @@ def test_flowers_threshold_at_the_default_fraction_defeats_the_two_list_unmaskin
 def test_an_upload_the_server_refuses_is_still_charged(tiny_cfg):
     """LDP mode: an upload that reached the server was released, so it counts toward its user's budget even when
     the server's bound check refuses it."""
-    from fedrec_flwr.inprocess import run_in_process
+    from fedrec_flwr.cli.inprocess import run_in_process
 
     cfg = tiny_cfg("federation.rounds=1", "federation.eval_every=1", "federation.clients_per_round=20")
 
@@ -270,7 +270,7 @@ def test_a_deployed_device_takes_part_only_in_runs_of_its_own_privacy_mode(tmp_p
     """The server writes the run config: a run that switches a user-DP device to the paper's LDP (or LDP off) gets
     nothing from it, unless its operator opted it into LDP (node config privacy-mode). The server learns only that
     the device refused (Flower hands it the exception's text); the reason stays in the device's log."""
-    from fedrec_flwr.client_app import device_guard
+    from fedrec_flwr.flower.client_app import device_guard
 
     run_config = {"preset": "fedgnn_paper", "dataset": "synthetic", "data-dir": str(tmp_path), "seed": 0,
                   "cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "out"), "set": "privacy.ldp=false"}
@@ -394,7 +394,7 @@ def test_an_ldp_device_uploads_only_at_the_protection_its_policy_asks(tmp_path, 
     """A device its operator opted into the paper's LDP still holds limits of its own: a run config that turns LDP
     off, raises the per-coordinate epsilon, or thins the pseudo items gets nothing from it (the reason in its log);
     the paper's own settings pass."""
-    from fedrec_flwr.client_app import device_guard
+    from fedrec_flwr.flower.client_app import device_guard
 
     def run_config(extra: str) -> dict:
         return {"preset": "fedgnn_paper", "dataset": "synthetic", "data-dir": str(tmp_path), "seed": 0,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrec_flwr.cli import _parser
+from fedrec_flwr.cli.commands import _parser
 from fedrec_flwr.config import ConfigError, load_config, parse_overrides, to_dict
 from fedrec_flwr.data.sources import get_spec
 from fedrec_flwr.data.types import DataError

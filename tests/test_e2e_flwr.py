@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedrec_flwr.cli import main as cli_main
+from fedrec_flwr.cli.commands import main as cli_main
 from tests.conftest import fixed_secrets
 
 needs_superlink = pytest.mark.skipif(
@@ -43,7 +43,7 @@ def _env() -> dict:
 def _small_job(out: Path, cache: Path, *extra: str) -> list[str]:
     """`fedrec run` of SMALL_RUN into `out`, with more overrides; its devices' secrets fixed (TEST_SECRET), so that
     a resumed run draws what the uninterrupted one drew."""
-    return [sys.executable, "-m", "fedrec_flwr.cli", "run", "--out", str(out), "--cache-dir", str(cache),
+    return [sys.executable, "-m", "fedrec_flwr.cli.commands", "run", "--out", str(out), "--cache-dir", str(cache),
             "--device-secrets", str(fixed_secrets(cache)), *SMALL_RUN, *extra]
 
 

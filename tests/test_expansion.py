@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from clients.fedgnn import FedGNNClient
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import ConfigError
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.lifecycle import round_schedule
@@ -17,7 +18,6 @@ from fedrec_flwr.fedgnn.protocol import (
     PHASE_TRAIN,
 )
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
-from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.neighbours import NeighbourClient, new_run_key, serve
 from strategies.fedgnn import ExpansionLink, FedGNNStrategy

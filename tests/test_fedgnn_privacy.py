@@ -8,6 +8,12 @@ import torch
 from scipy import stats
 
 from clients.fedgnn import FedGNNClient
+from fedrec_flwr.audit.attacks import (
+    FEATURES,
+    model_gradient_auc,
+    popularity_reidentification,
+    within_upload_auc,
+)
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_REGISTER,
@@ -21,12 +27,6 @@ from fedrec_flwr.fedgnn.protocol import (
 from fedrec_flwr.fedgnn.user import MemoryStore
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.privacy import clip_linf, privatize, pseudo_gradient_rows
-from fedrec_flwr.privacy.attacks import (
-    FEATURES,
-    model_gradient_auc,
-    popularity_reidentification,
-    within_upload_auc,
-)
 from tests.conftest import TEST_SECRET
 
 

@@ -16,7 +16,7 @@ from clients.user_store import NodeStateStore, UserStateFiles
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.protocol import TRAIN_FIELDS, frame_users, split_users
 from fedrec_flwr.models.rating_gnn import build_model
-from fedrec_flwr.results import RunRecorder
+from fedrec_flwr.reporting.results import RunRecorder
 from strategies.fedgnn import FedGNNStrategy
 from tests.conftest import TEST_SECRET
 
@@ -149,7 +149,7 @@ def test_resume_refuses_a_checkpoint_from_another_config(tiny_cfg, tmp_path):
 
 def test_a_flwr_run_refuses_to_resume_from_an_in_process_checkpoint(tiny_cfg, tmp_path):
     """Its users' states are in the file, not on the devices: resumed by flwr, every user would start afresh."""
-    from fedrec_flwr.inprocess import run_in_process
+    from fedrec_flwr.cli.inprocess import run_in_process
 
     run_in_process(tiny_cfg(*SMALL, "checkpoint.every=3", f"output_dir={tmp_path}"), log_every=0)
     cfg = tiny_cfg(*SMALL, "checkpoint.every=3", f"output_dir={tmp_path}", "checkpoint.resume=true")

@@ -21,7 +21,7 @@ from fedrec_flwr.fppdm.domain import (
 from fedrec_flwr.fppdm.rounds import MAX_ABS_MU, MAX_SIGMA, validate_distributions
 from fedrec_flwr.messages import UploadRejected
 from fedrec_flwr.models.gaussian_gcn import w2_squared
-from fedrec_flwr.results import RunRecorder, load_results
+from fedrec_flwr.reporting.results import RunRecorder, load_results
 from strategies.fppdm import WassersteinBarycenterStrategy
 
 

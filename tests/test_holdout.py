@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import ConfigError, load_config
-from fedrec_flwr.convergence import rounds_to_flatten
 from fedrec_flwr.data import DataError, UserPartitions, load_from_config, prepare_partitions
 from fedrec_flwr.data.holdout import validation_split
-from fedrec_flwr.inprocess import run_in_process
+from fedrec_flwr.reporting.convergence import rounds_to_flatten
 
 
 def _pairs(r) -> set[tuple[int, int]]:

@@ -139,7 +139,7 @@ def test_neither_the_product_nor_its_tests_and_deployment_import_the_benchmarks(
 def test_the_graph_sees_lazy_and_relative_imports():
     """The check reads what it claims to: a function-level import and a relative one are edges."""
     graph = import_graph()
-    assert "fedrec_flwr.centralized" in graph["fedrec_flwr.runner"]  # imported inside run_centralized_reference
+    assert "fedrec_flwr.reference.centralized" in graph["fedrec_flwr.cli.runner"]  # imported inside run_centralized_reference
     assert "fedrec_flwr.data.types" in graph["fedrec_flwr.data.loaders"]  # `from .types import ...`
 
 
@@ -183,3 +183,49 @@ def test_only_the_registries_branch_on_a_privacy_mode_or_an_algorithm_name():
         assert len(_name_branches(planted, names)) == 2
     finally:
         planted.unlink()
+
+
+# the layers, from the bottom; a module may import its own layer and the ones below, never one above
+LAYERS = [
+    ("base", ["fedrec_flwr.config", "fedrec_flwr.algorithms", "fedrec_flwr.privacy_modes", "fedrec_flwr.messages",
+              "fedrec_flwr.metrics", "fedrec_flwr.fsutil", "fedrec_flwr.progress", "fedrec_flwr.node_list",
+              "fedrec_flwr.data", "fedrec_flwr.models", "fedrec_flwr.privacy", "fedrec_flwr.neighbours"]),
+    ("reference and reporting", ["fedrec_flwr.reporting", "fedrec_flwr.reference"]),
+    ("cores", ["fedrec_flwr.fedgnn", "fedrec_flwr.fppdm"]),
+    ("Flower", ["fedrec_flwr.flower", "clients", "strategies"]),
+    ("front end", ["fedrec_flwr.cli", "fedrec_flwr.deployment", "fedrec_flwr.audit"]),
+]
+FLOWER = ("fedrec_flwr.flower", "clients", "strategies")
+
+
+def _layer(module: str) -> int | None:
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    return len(LAYERS) if module == "fedrec_flwr" else None
+
+
+def _within(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_every_module_has_a_layer_and_no_arrow_runs_back_up():
+    """docs/architecture.md's layers: base, reference and reporting, the Flower-free cores, Flower, the front end."""
+    graph = import_graph()
+    assert [m for m in graph if _layer(m) is None] == []
+    up = [f"{m} ({LAYERS[_layer(m)][0]}) -> {d} ({LAYERS[_layer(d)][0]})"
+          for m, deps in sorted(graph.items()) if m != "fedrec_flwr" for d in sorted(deps) if _layer(d) > _layer(m)]
+    assert up == [], "\n".join(up)
+
+
+def test_only_the_flower_layer_imports_flwr():
+    """The cores, the reporting and the front end are Flower-free; only fedrec_flwr.flower, strategies/ and clients/
+    import flwr (the front end runs `flwr` as a command, not as a library)."""
+    found = []
+    for module, path in sorted(_modules().items()):
+        if _within(module, FLOWER):
+            continue
+        found += [f"{module}: {n}" for n in _imported_names(path, module.rpartition(".")[0])
+                  if n == "flwr" or n.startswith("flwr.")]
+    assert found == [], "\n".join(found)
+    assert any(n.startswith("flwr") for n in _imported_names(ROOT / "strategies" / "fedgnn.py", "strategies"))

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError, checkpoint_folder
 from fedrec_flwr.fedgnn.state import decode_state, encode_state
 from fedrec_flwr.fedgnn.user import own_items
-from fedrec_flwr.inprocess import run_in_process
 
 COMMON = ("federation.rounds=6", "federation.eval_every=2", "federation.clients_per_round=20", "model.dropout=0.2")
 RESUMABLE = {

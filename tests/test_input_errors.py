@@ -19,17 +19,17 @@ from pathlib import Path
 import pytest
 import torch
 
+import fedrec_flwr.cli.runner as runner
 import fedrec_flwr.data.partition as partition
 import fedrec_flwr.fsutil as fsutil
-import fedrec_flwr.runner as runner
-from fedrec_flwr.cli import main as cli_main
+from fedrec_flwr.cli.commands import main as cli_main
+from fedrec_flwr.cli.runner import RunRequest, TracebackFilter, stream_flwr_run
 from fedrec_flwr.config import ConfigError, from_run_config, load_config, to_dict
 from fedrec_flwr.data import DataError, load_dataset, prepare_partitions
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError, StateShapes
 from fedrec_flwr.fsutil import LOCK_FILE, DiskFullError, FolderError, folder_lock
 from fedrec_flwr.node_list import NodeListError, load_node_list
-from fedrec_flwr.runner import RunRequest, TracebackFilter, stream_flwr_run
-from fedrec_flwr.summary import ResultsFileError, read_results
+from fedrec_flwr.reporting.summary import ResultsFileError, read_results
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["data.synthetic.num_users=12", "data.synthetic.num_items=40", "data.synthetic.mean_degree=8", "model.dim=8",
@@ -98,7 +98,7 @@ def test_a_bad_flower_run_config_names_its_key_on_one_line(run_config, message):
 def test_a_path_in_set_resolves_as_the_data_folder_does_and_a_missing_one_is_one_line(tmp_path, capsys, monkeypatch):
     """`--set fppdm.secure.key_file=KEY` with KEY relative: resolved against the folder the command runs in (flwr
     run's apps run elsewhere), and checked before anything starts."""
-    from fedrec_flwr.runner import absolute_path_overrides
+    from fedrec_flwr.cli.runner import absolute_path_overrides
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "KEY").write_text("k")
@@ -124,7 +124,7 @@ def test_an_unexpected_error_is_one_line_exit_1_and_points_at_debug(monkeypatch,
     def broken(args):
         raise TypeError("a bug")
 
-    monkeypatch.setitem(__import__("fedrec_flwr.cli").cli.COMMANDS, "summary", broken)
+    monkeypatch.setitem(__import__("fedrec_flwr.cli.commands").cli.COMMANDS, "summary", broken)
     line = fails(["summary"], capsys, code=1)
     assert line == "error: unexpected TypeError: a bug (`fedrec --debug ...` shows the traceback)"
     with pytest.raises(TypeError):
@@ -254,7 +254,7 @@ def test_a_full_disk_fails_the_run_with_one_line_exit_1(tmp_path, monkeypatch, c
 
 
 def test_results_json_on_a_full_disk_names_the_output_folder(tmp_path, monkeypatch):
-    from fedrec_flwr.results import RunRecorder
+    from fedrec_flwr.reporting.results import RunRecorder
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -651,7 +651,7 @@ def test_a_failed_flwr_run_ends_with_the_drivers_reason_and_no_traceback(tmp_pat
     no traceback, its last line is the driver's reason, exit 1; the traceback is in <out>/flwr-run.log."""
     env = {k: v for k, v in os.environ.items() if k != "FEDREC_NB_ADMIN_TOKEN"}
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "fedrec_flwr.cli", *tiny_run(tmp_path), "expansion.mode=fixed",
+    proc = subprocess.run([sys.executable, "-m", "fedrec_flwr.cli.commands", *tiny_run(tmp_path), "expansion.mode=fixed",
                            "expansion.epoch=0", "expansion.service_address=127.0.0.1:9"],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400)
     lines = proc.stdout.strip().splitlines()

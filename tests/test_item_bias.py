@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import ConfigError, load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.bindings import NodeBindings
@@ -16,7 +17,6 @@ from fedrec_flwr.fedgnn.local_step import local_gradients, train_users
 from fedrec_flwr.fedgnn.rounds import FedGNNRounds
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, evaluate_user
-from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.messages import UploadRejected
 from fedrec_flwr.models.rating_gnn import build_model, row_width
 from fedrec_flwr.models.star_graph import build_star_batch

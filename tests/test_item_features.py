@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 import torch
 
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.data import DataError, UserPartitions, prepare_partitions
 from fedrec_flwr.data.node_files import NodeDataError, load_user_file
 from fedrec_flwr.data.sources import load_dataset
+from fedrec_flwr.deployment.node_data import export_nodes
 from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
-from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.models.rating_gnn import RatingGNN
 from fedrec_flwr.models.star_graph import build_star_batch
-from fedrec_flwr.node_data import export_nodes
 
 
 def _item_line(item: int, genres: list[int]) -> str:
@@ -135,8 +135,8 @@ def test_deployed_user_files_carry_the_public_features(tiny_cfg, tmp_path):
 
 
 def test_centralized_trainer_uses_the_features(tiny_cfg):
-    from fedrec_flwr.centralized import CentralizedTrainer
     from fedrec_flwr.data import load_from_config
+    from fedrec_flwr.reference.centralized import CentralizedTrainer
 
     cfg = tiny_cfg("data.item_features=true")
     trainer = CentralizedTrainer(cfg, load_from_config(cfg.data))

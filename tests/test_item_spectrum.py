@@ -3,9 +3,9 @@ structure, and truncated tables are evaluated by the same users and code as the 
 
 import numpy as np
 
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import load_config
 from fedrec_flwr.fedgnn.spectrum import gavish_donoho_threshold, rank_cuts, spectrum_probe
-from fedrec_flwr.inprocess import run_in_process
 
 
 def test_gavish_donoho_keeps_planted_components_and_drops_pure_noise():

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from fedrec_flwr.local_superlink import local_superlink_pids, stop_local_superlink
+from fedrec_flwr.flower.local_superlink import local_superlink_pids, stop_local_superlink
 
 
 def test_only_this_flower_homes_local_superlink_is_stopped(tmp_path, monkeypatch):

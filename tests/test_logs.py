@@ -14,8 +14,8 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.strategy import Strategy
 
 from fedrec_flwr.config import ConfigError, load_config
-from fedrec_flwr.logs import FLOWER_ROUND_MESSAGES, FlowerRoundFilter, show_flower_round_logs
-from fedrec_flwr.server_app import server_fn
+from fedrec_flwr.flower.server_app import server_fn
+from fedrec_flwr.reporting.logs import FLOWER_ROUND_MESSAGES, FlowerRoundFilter, show_flower_round_logs
 
 
 class _NoClients(Strategy):

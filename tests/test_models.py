@@ -130,7 +130,7 @@ def test_device_and_server_processes_do_not_import_pyg():
     import subprocess
     import sys
 
-    code = ("import sys, fedrec_flwr.client_app, fedrec_flwr.server_app, clients.fedgnn, strategies, "
-            "fedrec_flwr.fedgnn.local_step, fedrec_flwr.fedgnn.server, fedrec_flwr.inprocess, strategies.fedgnn; "
+    code = ("import sys, fedrec_flwr.flower.client_app, fedrec_flwr.flower.server_app, clients.fedgnn, strategies, "
+            "fedrec_flwr.fedgnn.local_step, fedrec_flwr.fedgnn.server, fedrec_flwr.cli.inprocess, strategies.fedgnn; "
             "sys.exit('torch_geometric' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

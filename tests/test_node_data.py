@@ -9,11 +9,11 @@ import pytest
 from flwr.app import RecordDict
 from flwr.common import Context
 
-from fedrec_flwr.client_app import client_fn
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.data.node_files import NodeDataError, load_catalogue, load_domain_file, load_user_file
-from fedrec_flwr.node_data import export_nodes
+from fedrec_flwr.deployment.node_data import export_nodes
+from fedrec_flwr.flower.client_app import client_fn
 
 
 def test_user_files_round_trip_and_catalogue_holds_no_ratings(tiny_cfg, tmp_path):

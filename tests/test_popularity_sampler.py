@@ -8,9 +8,9 @@ from inprocess import drive
 from oracle_rdp import ldp_epsilon
 from test_fedgnn_protocol import SMALL, _nodes, _run
 
+from fedrec_flwr.audit.attacks import registration_popularity_attack
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.accounting import budget
-from fedrec_flwr.privacy.attacks import registration_popularity_attack
 from fedrec_flwr.privacy.popularity import (
     check_report,
     estimate_counts,
@@ -18,7 +18,7 @@ from fedrec_flwr.privacy.popularity import (
     popularity_strata,
     sample_matched_pseudo,
 )
-from fedrec_flwr.results import RunRecorder
+from fedrec_flwr.reporting.results import RunRecorder
 from strategies.fedgnn import FedGNNStrategy
 
 

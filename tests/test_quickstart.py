@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fedrec_flwr.baselines import baseline_rmses, best_trivial
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
-from fedrec_flwr.inprocess import run_in_process
+from fedrec_flwr.reference.baselines import baseline_rmses, best_trivial
 
 
 def test_half_the_quickstart_schedule_already_beats_the_trivial_baselines(tmp_path):

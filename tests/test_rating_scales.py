@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedrec_flwr.baselines import baseline_rmses
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import ConfigError, load_config
 from fedrec_flwr.data import RatingScale, UserPartitions, prepare_partitions, public_scale
 from fedrec_flwr.data.node_files import load_catalogue, load_user_file
 from fedrec_flwr.data.synthetic import make_synthetic
-from fedrec_flwr.inprocess import run_in_process
-from fedrec_flwr.node_data import export_nodes
+from fedrec_flwr.deployment.node_data import export_nodes
 from fedrec_flwr.privacy.device_secret import DeviceSecret
+from fedrec_flwr.reference.baselines import baseline_rmses
 from tests.conftest import TEST_SECRET, fixed_secrets
 
 SCALES = ("1-5", "0.5-5", "1-100")

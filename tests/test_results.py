@@ -5,9 +5,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrec_flwr.plot import plot_runs
-from fedrec_flwr.results import RunRecorder, report_round
-from fedrec_flwr.summary import summarize
+from fedrec_flwr.reporting.plot import plot_runs
+from fedrec_flwr.reporting.results import RunRecorder, report_round
+from fedrec_flwr.reporting.summary import summarize
 from tests.conftest import TEST_SECRET
 
 

@@ -1,5 +1,5 @@
 """BENCHMARKS.md and README.md as a results page: the headline tables are what `fedrec results-page`
-(fedrec_flwr.results_page) generates from the committed results JSONs, every row names a JSON that exists,
+(fedrec_flwr.reporting.results_page) generates from the committed results JSONs, every row names a JSON that exists,
 and the pages describe the project rather than its development. Reads files only (no training)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedrec_flwr import results_page
-from fedrec_flwr.cli import main
+from fedrec_flwr.cli.commands import main
 
 ROOT = results_page.ROOT
 

@@ -1,4 +1,4 @@
-"""fedrec run (fedrec_flwr.runner): its wrapper around `flwr run` (output and exit code pass through, and a driver that
+"""fedrec run (fedrec_flwr.cli.runner): its wrapper around `flwr run` (output and exit code pass through, and a driver that
 is killed stops its run on the SuperLink instead of leaving the simulation training), and its default
 output folder when `--out` is not given."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-import fedrec_flwr.runner as run_driver
-from fedrec_flwr.cli import main as cli_main
-from fedrec_flwr.runner import default_out, stream_flwr_run
+import fedrec_flwr.cli.runner as run_driver
+from fedrec_flwr.cli.commands import main as cli_main
+from fedrec_flwr.cli.runner import default_out, stream_flwr_run
 
 # Stands in for the flwr CLI: logs every call, and `run` prints what the real one prints, then
 # either trains for a minute (FAKE_RUN_SECONDS) or exits with FAKE_RUN_EXIT.
@@ -93,7 +93,7 @@ def test_out_is_optional_and_defaults_per_preset_dataset_and_seed(monkeypatch, c
         return {"final": {"rmse": 1.0}}
 
     monkeypatch.setattr(run_driver, "run_federated", fake_run_federated)
-    monkeypatch.setattr("fedrec_flwr.summary.summarize", lambda out: "summary")
+    monkeypatch.setattr("fedrec_flwr.reporting.summary.summarize", lambda out: "summary")
     cli_main(["run", *argv])
     assert seen == [Path(expected)]
     assert json.loads(capsys.readouterr().out.splitlines()[-1]) == {"rmse": 1.0}  # the last line stays the metrics
@@ -106,7 +106,7 @@ def test_the_staged_app_builds_the_same_fab_without_entering_ignored_folders(tmp
 
     from flwr.cli.build import build_fab_from_disk
 
-    from fedrec_flwr.app_source import app_files, staged_app
+    from fedrec_flwr.flower.app_source import app_files, staged_app
 
     project = tmp_path / "project"
     for rel, text in {"pyproject.toml": (run_driver.ROOT / "pyproject.toml").read_text(), ".gitignore": ".venv/\noutputs/\n*.pyc\n",

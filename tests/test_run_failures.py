@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fedrec_flwr.cli import main as cli_main
+from fedrec_flwr.cli.commands import main as cli_main
 from fedrec_flwr.fedgnn.protocol import ExpansionLink
 from fedrec_flwr.neighbours import new_run_key
-from fedrec_flwr.results import RunRecorder, load_results
+from fedrec_flwr.reporting.results import RunRecorder, load_results
 from strategies.fedgnn import FedGNNStrategy
 
 needs_superlink = pytest.mark.skipif(
@@ -92,7 +92,7 @@ def test_a_run_in_which_no_round_trained_fails_with_the_reason(tiny_cfg, tmp_pat
     assert "no training round was applied: all 4" in doc["error"] and "injected crash" in doc["error"]
     printed = capsys.readouterr().out
     assert "[fedgnn] FAILED: no training round was applied" in printed and "FINAL" not in printed
-    from fedrec_flwr.summary import summarize
+    from fedrec_flwr.reporting.summary import summarize
 
     assert summarize(strategy.cfg.output_dir).endswith(doc["error"])
 
@@ -105,7 +105,7 @@ def test_a_run_with_some_rounds_not_applied_says_how_many(tiny_cfg, tmp_path):
     not_applied = [r["round"] for r in doc["rounds"] if r.get("phase") == "train" and not r["applied"]]
     assert doc["status"] == "finished" and 0 < len(not_applied) < 4
     assert doc["rounds_not_applied"] == len(not_applied)
-    from fedrec_flwr.summary import summarize
+    from fedrec_flwr.reporting.summary import summarize
 
     assert f"{len(not_applied)} of 4 training rounds were not applied" in summarize(strategy.cfg.output_dir)
 

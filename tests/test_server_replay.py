@@ -15,12 +15,12 @@ from flwr.app import RecordDict
 from flwr.common import Context
 
 from clients.user_store import NodeStateStore
-from fedrec_flwr.client_app import device_secret
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
 from fedrec_flwr.fedgnn.user_dp import node_update, samples_itself
+from fedrec_flwr.flower.client_app import device_secret
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.privacy.device_secret import DeviceSecret, DeviceSecretError
 
@@ -117,7 +117,7 @@ def test_a_devices_secret_is_its_own_kept_and_never_taken_from_the_run_config(ti
 def test_fixed_device_secrets_replay_a_run_and_leave_no_trace_in_what_the_server_holds(tiny_cfg, tmp_path):
     """The experimenter's file replays an in-process run bit for bit; another file (or none) gives other draws. The
     secret appears nowhere in the run's output folder (results.json, rounds.csv, checkpoints)."""
-    from fedrec_flwr.inprocess import run_in_process
+    from fedrec_flwr.cli.inprocess import run_in_process
 
     common = ("federation.rounds=2", "federation.eval_every=2", "federation.clients_per_round=20",
               "checkpoint.every=1")

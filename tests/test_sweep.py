@@ -1,4 +1,4 @@
-"""Resumable sweeps (fedrec_flwr.sweep): an interrupted sweep continues without rerunning finished cells and
+"""Resumable sweeps (fedrec_flwr.cli.sweep): an interrupted sweep continues without rerunning finished cells and
 records each cell's command; a FedGNN run's record keeps its curve by training rounds, neighbours and budget."""
 
 from __future__ import annotations

@@ -11,6 +11,8 @@ import pytest
 import torch
 from dp_accounting import rdp
 
+from fedrec_flwr.audit.attacks import separation_auc
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.config import ConfigError, load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.accounting import (
@@ -25,9 +27,7 @@ from fedrec_flwr.fedgnn.protocol import REGISTER_FIELDS, UploadRejected, split_u
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
 from fedrec_flwr.fedgnn.user_dp import NodeSum, check_sum, node_update, samples_itself, update_norms
-from fedrec_flwr.inprocess import run_in_process
 from fedrec_flwr.models.rating_gnn import build_model
-from fedrec_flwr.privacy.attacks import separation_auc
 from tests.test_e2e_flwr import needs_superlink, run_main
 
 # a tiny federation (60 users, ~2 test ratings each) can release an evaluation only with small weights' noise

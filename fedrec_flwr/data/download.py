@@ -10,8 +10,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedrec_flwr.progress import Progress
+
 from ..fsutil import atomic_write
-from ..progress import Progress
 from .types import DataError
 
 

@@ -1,4 +1,4 @@
-"""Per-node data files and the public catalogue of a deployment, read (`fedrec_flwr.node_data` writes them).
+"""Per-node data files and the public catalogue of a deployment, read (`fedrec_flwr.deployment.node_data` writes them).
 
 A SuperNode reads only its own `user-<u>.npz` or `domain-<k>.npz`; the ServerApp reads `catalogue.json`,
 the public facts of the dataset and no ratings. Every file is checked as it is read: a missing or
@@ -24,7 +24,7 @@ class NodeDataError(ValueError):
 
 def _open(path: Path, kind: str):
     if not path.is_file():
-        raise NodeDataError(f"node data-path {path}: no such file (expected a {kind} file written by fedrec_flwr.node_data)")
+        raise NodeDataError(f"node data-path {path}: no such file (expected a {kind} file written by fedrec_flwr.deployment.node_data)")
     try:
         return np.load(path, allow_pickle=False)
     except Exception as exc:
@@ -76,7 +76,7 @@ def load_catalogue(path: Path | str) -> dict:
     """The public dataset facts the ServerApp needs in deployment (no ratings)."""
     path = Path(path)
     if not path.is_file():
-        raise NodeDataError(f"data.catalogue {path}: no such file (write it with python -m fedrec_flwr.node_data)")
+        raise NodeDataError(f"data.catalogue {path}: no such file (write it with python -m fedrec_flwr.deployment.node_data)")
     try:
         cat = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

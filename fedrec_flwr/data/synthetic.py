@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..progress import Progress
+from fedrec_flwr.progress import Progress
+
 from .types import Domain, MultiDomainDataset, RatingDataset, Ratings, RatingScale
 
 SYNTHETIC_SCALE = RatingScale(1.0, 5.0, 1.0)

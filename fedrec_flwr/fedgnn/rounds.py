@@ -1,6 +1,6 @@
 """One FedGNN run's rounds, independent of how messages travel.
 
-The Flower strategy (`strategies.fedgnn`), the in-process runner (`fedrec_flwr.inprocess`) and the test
+The Flower strategy (`strategies.fedgnn`), the in-process runner (`fedrec_flwr.cli.inprocess`) and the test
 harness (`tests.inprocess`) are transports over this core, so every round step has exactly one
 implementation:
 
@@ -64,7 +64,7 @@ from fedrec_flwr.metrics import ErrorSums
 from fedrec_flwr.models.rating_gnn import row_width
 from fedrec_flwr.privacy.popularity import check_report
 from fedrec_flwr.privacy_modes import privacy_mode
-from fedrec_flwr.results import RunRecorder, failure_reason, report_failure, report_final, report_round
+from fedrec_flwr.reporting.results import RunRecorder, failure_reason, report_failure, report_final, report_round
 
 if TYPE_CHECKING:
     from fedrec_flwr.config import AppConfig

@@ -1,6 +1,6 @@
 """How much of FedGNN's item table stands above the noise: a diagnostic probe of in-process runs.
 
-`spectrum_probe` plugs into `fedrec_flwr.inprocess.run_in_process(cfg, probe=...)`: at every evaluation it
+`spectrum_probe` plugs into `fedrec_flwr.cli.inprocess.run_in_process(cfg, probe=...)`: at every evaluation it
 records the item table's singular values, how many of them exceed the Gavish-Donoho optimal hard
 threshold (the components a matrix in i.i.d. noise lets one tell apart from that noise), and the RMSE when
 every user evaluates against the table cut down to its top r singular directions (the same users and code

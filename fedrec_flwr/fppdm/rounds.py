@@ -37,7 +37,7 @@ from fedrec_flwr.fppdm.secure_barycenter import per_user_ciphertexts, sum_encryp
 from fedrec_flwr.messages import NodeReply, UploadRejected, array_bytes
 from fedrec_flwr.node_list import load_node_list
 from fedrec_flwr.privacy.paillier_pack import FixedPointPacker, ciphertexts_to_array
-from fedrec_flwr.results import RunRecorder, failure_reason, report_failure, report_final, report_round
+from fedrec_flwr.reporting.results import RunRecorder, failure_reason, report_failure, report_final, report_round
 
 if TYPE_CHECKING:
     from fedrec_flwr.config import AppConfig

@@ -3,7 +3,7 @@
 The attack. The server sees every user's anonymity set in the clear. Counting how often each item
 appears across the sets (or using any public popularity figure) and ranking one user's set by that
 count puts the real items first: with pseudo items drawn uniformly from the unrated items, popular
-items are almost always real (`fedrec_flwr.privacy.attacks.popularity_attack` measures it).
+items are almost always real (`fedrec_flwr.audit.attacks.popularity_attack` measures it).
 
 The defence. Items are cut into `bins` strata of equal size by a popularity every device knows, and
 a user draws, in every stratum, `ratio` pseudo items per item of its own there (uniformly among its

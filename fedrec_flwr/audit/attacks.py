@@ -260,10 +260,10 @@ def registration_popularity_attack(cfg: AppConfig) -> dict:
     anonymity set the server then holds by (a) how many received sets hold each item, which it always knows,
     and (b) the true training popularity, which a stronger server may have from public data: each attack's
     mean per-user AUC (`popularity_attack`), with the users, items and mean set size."""
+    from fedrec_flwr.cli.inprocess import register_users
     from fedrec_flwr.fedgnn.bindings import NodeBindings
     from fedrec_flwr.fedgnn.rounds import FedGNNRounds
     from fedrec_flwr.fedgnn.server import FedGNNServer
-    from fedrec_flwr.inprocess import register_users
 
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta

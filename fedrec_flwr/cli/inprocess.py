@@ -21,13 +21,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fedrec_flwr.baselines import baseline_rmses, baselines_on_users
 from fedrec_flwr.config import to_dict
 from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.accounting import sample_rate
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError, checkpoint_folder, load_resumable
 from fedrec_flwr.fedgnn.device_policy import charged_multiplier
+from fedrec_flwr.fedgnn.expansion import open_expansion_link
 from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_EVALUATE_SUM,
@@ -50,9 +50,9 @@ from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore, own
 from fedrec_flwr.fedgnn.user_dp import node_evaluation, node_update
 from fedrec_flwr.messages import NodeReply
 from fedrec_flwr.models.rating_gnn import build_model
-from fedrec_flwr.neighbours.link import open_expansion_link
 from fedrec_flwr.privacy_modes import privacy_mode
-from fedrec_flwr.results import RunFailed, RunRecorder
+from fedrec_flwr.reference.baselines import baseline_rmses, baselines_on_users
+from fedrec_flwr.reporting.results import RunFailed, RunRecorder
 
 
 def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int], FedGNNUser],

@@ -25,9 +25,9 @@ from fedrec_flwr.data import (
 )
 from fedrec_flwr.data.node_files import load_domain_file, load_user_file
 from fedrec_flwr.fedgnn.checkpoint import checkpoint_folder
-from fedrec_flwr.logs import configure_console_logging
 from fedrec_flwr.privacy.device_secret import DeviceSecret
 from fedrec_flwr.privacy_modes import privacy_mode
+from fedrec_flwr.reporting.logs import configure_console_logging
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def users_of(node_config, users_per_node: int, num_users: int) -> list[int]:
     """The users a node hosts: its one `user-id` in deployment; in simulation, partition p hosts
     users p*U .. p*U + U - 1 (U = simulation.users_per_node, or with 0 ceil(users / the federation's
     `num-partitions`): `federation_size.hosted_per_node`)."""
-    from fedrec_flwr.federation_size import hosted_per_node
+    from fedrec_flwr.flower.federation_size import hosted_per_node
 
     if "user-id" in node_config:
         return [int(node_config["user-id"])]

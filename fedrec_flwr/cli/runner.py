@@ -1,5 +1,5 @@
 """Launch one run: federated through `flwr run` (the simulated federation sized from the data), or the
-centralized reference; the `fedrec run` command (`fedrec_flwr.cli`) is its front end.
+centralized reference; the `fedrec run` command (`fedrec_flwr.cli.commands`) is its front end.
 
 A run's results.json and rounds.csv go to its output folder, by default
 outputs/<preset>-<dataset>-s<seed> (with -centralized appended for the centralized reference). A run
@@ -28,15 +28,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedrec_flwr.algorithms import get_algorithm
-from fedrec_flwr.app_source import staged_app
 from fedrec_flwr.config import ConfigError, from_run_config, load_config, to_dict
 from fedrec_flwr.data import DataError
 from fedrec_flwr.data.node_files import NodeDataError
+from fedrec_flwr.flower.app_source import staged_app
 from fedrec_flwr.fsutil import DiskFullError, FolderError, folder_lock
 from fedrec_flwr.node_list import NodeListError
-from fedrec_flwr.results import RunFailed, RunRecorder
+from fedrec_flwr.reporting.results import RunFailed, RunRecorder
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STARTED_RUN = re.compile(r"started run (\d+)")
 UNSAFE_IN_PATH = re.compile(r"[^A-Za-z0-9._-]+")
 FLWR_LOG = "flwr-run.log"  # in the output folder: `flwr run`'s whole output, tracebacks included
@@ -218,7 +218,7 @@ class RunRequest:
 
 def run_centralized_reference(request: RunRequest, out: Path) -> dict:
     """Train the centralized reference of `request` into `out` (locked for the run); returns its final metrics."""
-    from fedrec_flwr.centralized import run_centralized
+    from fedrec_flwr.reference.centralized import run_centralized
 
     cfg = request.config(f"output_dir={out}", f"seed={request.seed}")
     with folder_lock(out, "output folder"):
@@ -277,7 +277,7 @@ def run_federated(request: RunRequest, out: Path) -> dict:
     """Run the app through `flwr run` with one virtual SuperNode per `simulation.users_per_node` users (one per
     domain for FPPDM); returns results.json, or raises SystemExit with the reason when the run failed."""
     from fedrec_flwr.fedgnn.checkpoint import CheckpointError
-    from fedrec_flwr.summary import ResultsFileError, read_results
+    from fedrec_flwr.reporting.summary import ResultsFileError, read_results
 
     cfg = request.config()
     run_config = _run_config(request, out)
@@ -339,7 +339,7 @@ def one_line(message: str) -> str:
 def input_errors_exit():
     """Print an input error (`INPUT_ERRORS`: config, data, node data, node list, folder) on stderr as one line,
     without a traceback, and exit with status 2. A full disk is not an input error: it passes (exit 1 in the CLI)."""
-    from fedrec_flwr.summary import ResultsFileError
+    from fedrec_flwr.reporting.summary import ResultsFileError
 
     try:
         yield

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .data import RatingDataset, Ratings
-from .metrics import rmse
+from fedrec_flwr.data import RatingDataset, Ratings
+from fedrec_flwr.metrics import rmse
 
 BIAS_PASSES = 10
 # shrinkage of each bias towards zero, in pseudo-ratings: 5 and 5 are near the best of a grid

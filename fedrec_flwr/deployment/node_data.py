@@ -1,7 +1,7 @@
 """Per-node data for deployment, written: each SuperNode gets only its own user's (or domain's) file
 (`fedrec_flwr.data.node_files` reads them).
 
-    python -m fedrec_flwr.node_data --preset fedgnn_paper --dataset synthetic --out deploy/data [--users 0 1 2]
+    python -m fedrec_flwr.deployment.node_data --preset fedgnn_paper --dataset synthetic --out deploy/data [--users 0 1 2]
 
 writes `user-<u>.npz` per user (FedGNN) or `domain-<k>.npz` per domain (FPPDM), plus
 `catalogue.json`: the public facts the server needs (dataset name, user and item counts,

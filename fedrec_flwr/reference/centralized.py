@@ -14,12 +14,12 @@ import time
 import numpy as np
 import torch
 
-from .config import AppConfig, to_dict
-from .data import RatingDataset, load_from_config
-from .metrics import mae, rmse
-from .models.rating_gnn import build_model, row_width
-from .models.star_graph import build_star_batch
-from .results import RunRecorder
+from fedrec_flwr.config import AppConfig, to_dict
+from fedrec_flwr.data import RatingDataset, load_from_config
+from fedrec_flwr.metrics import mae, rmse
+from fedrec_flwr.models.rating_gnn import build_model, row_width
+from fedrec_flwr.models.star_graph import build_star_batch
+from fedrec_flwr.reporting.results import RunRecorder
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from flwr.common import Context
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 
 from fedrec_flwr.algorithms import get_algorithm
-from fedrec_flwr.baselines import baseline_rmses, baselines_on_users
 from fedrec_flwr.config import from_run_config, to_dict
 from fedrec_flwr.data import UserPartitions, load_multidomain, prepare_partitions
 from fedrec_flwr.data.node_files import load_catalogue
-from fedrec_flwr.logs import configure_console_logging, show_flower_round_logs
-from fedrec_flwr.neighbours.link import open_expansion_link
-from fedrec_flwr.results import RunRecorder
+from fedrec_flwr.fedgnn.expansion import open_expansion_link
+from fedrec_flwr.reference.baselines import baseline_rmses, baselines_on_users
+from fedrec_flwr.reporting.logs import configure_console_logging, show_flower_round_logs
+from fedrec_flwr.reporting.results import RunRecorder
 
 log = logging.getLogger("fedrec_flwr.server")
 
@@ -104,9 +104,9 @@ def secagg_fit_workflow(cfg, strategy):
     from flwr.server.workflow import SecAggPlusWorkflow
     from flwr.server.workflow.default_workflows import default_fit_workflow
 
-    from fedrec_flwr.federation_size import user_nodes
     from fedrec_flwr.fedgnn.protocol import PHASE_EVALUATE_SUM
     from fedrec_flwr.fedgnn.user_dp import secagg_quantization_range
+    from fedrec_flwr.flower.federation_size import user_nodes
 
     p = cfg.privacy
     per_node = 1 if cfg.data.catalogue else cfg.simulation.users_per_node

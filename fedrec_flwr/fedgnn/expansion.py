@@ -7,11 +7,10 @@ import os
 import secrets
 
 from fedrec_flwr.fedgnn.protocol import ExpansionLink
-
-from .cli import ADMIN_TOKEN_ENV
-from .client import NeighbourClient, NeighbourServiceError
-from .process import start_local_service
-from .tokens import new_run_key
+from fedrec_flwr.neighbours.cli import ADMIN_TOKEN_ENV
+from fedrec_flwr.neighbours.client import NeighbourClient, NeighbourServiceError
+from fedrec_flwr.neighbours.process import start_local_service
+from fedrec_flwr.neighbours.tokens import new_run_key
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .algorithms import ALGORITHMS
-from .fsutil import atomic_write as _atomic_write
+from fedrec_flwr.algorithms import ALGORITHMS
+from fedrec_flwr.fsutil import atomic_write as _atomic_write
 
 
 def secrets_provenance(config: dict) -> dict | None:
@@ -55,7 +55,7 @@ class RunRecorder:
         self.write()  # status "running" from the start: a results.json of an earlier run never survives
 
     def set_baselines(self, baselines: dict[str, float]) -> None:
-        """Record the split's centralized baseline RMSEs (fedrec_flwr.baselines) beside the model's."""
+        """Record the split's centralized baseline RMSEs (fedrec_flwr.reference.baselines) beside the model's."""
         self.doc["baselines"] = dict(baselines)
         self.write()
 

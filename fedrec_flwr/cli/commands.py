@@ -100,7 +100,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from fedrec_flwr.runner import ROOT, RunRequest, absolute_path_overrides, run_centralized_reference, run_federated
+    from fedrec_flwr.cli.runner import (
+        ROOT,
+        RunRequest,
+        absolute_path_overrides,
+        run_centralized_reference,
+        run_federated,
+    )
 
     overrides = absolute_path_overrides(parse_overrides(" ".join(args.set)))
     if args.device_secrets:
@@ -113,7 +119,7 @@ def _run(args: argparse.Namespace) -> None:
     if args.centralized and request.config(f"seed={request.seed}").checkpoint.resume:
         raise ConfigError("checkpoint.resume = true with --centralized; expected it only for flwr and --in-process "
                           "runs (--centralized runs keep no checkpoints, so the run would silently start afresh)")
-    from fedrec_flwr.summary import summarize
+    from fedrec_flwr.reporting.summary import summarize
 
     out = Path(args.out) if args.out else request.default_out(args.centralized)
     print(f"output folder: {out}", flush=True)
@@ -149,10 +155,10 @@ def _run_in_process(request, device, out: Path) -> dict:
     be resumed."""
     import torch
 
+    from fedrec_flwr.cli.inprocess import run_in_process
     from fedrec_flwr.fedgnn.checkpoint import CheckpointError
     from fedrec_flwr.fsutil import folder_lock
-    from fedrec_flwr.inprocess import run_in_process
-    from fedrec_flwr.results import RunFailed
+    from fedrec_flwr.reporting.results import RunFailed
 
     torch.set_num_threads(1)
     try:
@@ -182,9 +188,9 @@ def _config(args: argparse.Namespace) -> None:
 
 
 def _baselines(args: argparse.Namespace) -> None:
-    from fedrec_flwr.baselines import baseline_rmses
     from fedrec_flwr.config import load_config
     from fedrec_flwr.data import UserPartitions, prepare_partitions
+    from fedrec_flwr.reference.baselines import baseline_rmses
 
     print("| dataset | test ratings | global mean | user mean | item mean | bias model |")
     print("|---|---|---|---|---|---|")
@@ -197,20 +203,20 @@ def _baselines(args: argparse.Namespace) -> None:
 
 
 def _summary(args: argparse.Namespace) -> None:
-    from fedrec_flwr.summary import summarize
+    from fedrec_flwr.reporting.summary import summarize
 
     print(summarize(args.run_dir))
 
 
 def _plot(args: argparse.Namespace) -> None:
-    from fedrec_flwr.plot import plot_runs
+    from fedrec_flwr.reporting.plot import plot_runs
 
     for path in plot_runs(args.run_dirs, args.out or str(Path(args.run_dirs[0]) / "plots")):
         print(path)
 
 
 def _results_page(args: argparse.Namespace) -> None:
-    from fedrec_flwr.results_page import ROOT, table, write
+    from fedrec_flwr.reporting.results_page import ROOT, table, write
 
     if args.write:
         for path in write():
@@ -226,7 +232,7 @@ COMMANDS = {"run": _run, "config": _config, "baselines": _baselines, "summary": 
 def main(argv: list[str] | None = None) -> None:
     """Parse the command line and run the command: input errors print one line and exit 2, a failed run exits 1
     (`runner.cli_errors_exit`); with --debug every error is re-raised with its traceback."""
-    from fedrec_flwr.runner import cli_errors_exit
+    from fedrec_flwr.cli.runner import cli_errors_exit
 
     args = _parser().parse_args(argv)
     if args.debug:

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .baselines import best_trivial
+from fedrec_flwr.reference.baselines import best_trivial
 
 STATUSES = ("running", "finished", "failed")
 # round keys that plots draw and the summary sums: numbers (or null) when present

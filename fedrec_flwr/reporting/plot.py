@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .fsutil import writable_folder, writing_into
-from .summary import read_results
+from fedrec_flwr.fsutil import writable_folder, writing_into
+from fedrec_flwr.reporting.summary import read_results
 
 METRICS = ("rmse", "mae", "hr@5", "ndcg@5", "hr@10", "ndcg@10")
 

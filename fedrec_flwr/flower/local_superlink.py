@@ -6,7 +6,7 @@ flower-superlink would also end other users' SuperLinks and other Flower homes' 
 finds the processes by id instead: owned by this user, a `flower-superlink` whose log file is this Flower home's
 local SuperLink log, and terminates those (then kills any that outlive a grace period).
 
-    python -m fedrec_flwr.local_superlink        # `make stop-superlink`
+    python -m fedrec_flwr.flower.local_superlink        # `make stop-superlink`
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import Any
 
 from fedrec_flwr.fsutil import atomic_write
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 # (file, start marker, end marker, rows: all or only the README's, columns)

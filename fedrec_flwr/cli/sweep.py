@@ -18,12 +18,12 @@ from typing import Callable, Sequence
 
 from fedrec_flwr.fedgnn.protocol import PHASE_TRAIN
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.results import load_results
+from fedrec_flwr.reporting.results import load_results
 
 
 def fedrec_run(argv: Sequence[str]) -> None:
     """`fedrec run ARGV` in this process: one run through `flwr run` (or --centralized / --in-process)."""
-    from fedrec_flwr.cli import main
+    from fedrec_flwr.cli.commands import main
 
     main(["run", *argv])
 

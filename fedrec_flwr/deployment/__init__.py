@@ -1,0 +1,1 @@
+"""Deployment files: per-node data files and the public catalogue (`node_data`)."""
