@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedrec_flwr import results_page
 from fedrec_flwr.cli.commands import main
+from fedrec_flwr.reporting import results_page
 
 ROOT = results_page.ROOT
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedrec_flwr import sweep
+from fedrec_flwr.cli import sweep
 
 
 def _fake_runs(monkeypatch, calls: list, fail_at: int | None = None):
