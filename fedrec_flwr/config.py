@@ -448,7 +448,6 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "local.loss": ("mean", "sum"),
     "local.upload": ("gradient", "delta"),
     "privacy.pseudo_sampler": ("uniform", "popularity"),
-    "privacy.mode": tuple(PRIVACY_MODES),
     "merge.robust": ("mean", "median", "trimmed"),
     "server_opt.name": ("sgd", "adam"),
     "expansion.mode": ("none", "fixed", "trainable"),
@@ -666,7 +665,12 @@ def _validate(cfg: AppConfig) -> None:
     if cfg.model.user_offset_init != "zero" and not cfg.model.user_offset:
         raise ConfigError(f"config key 'model.user_offset_init' = {cfg.model.user_offset_init!r} needs "
                           "model.user_offset = true (there is no private offset to start otherwise)")
-    privacy_mode(cfg.privacy.mode).check_config(cfg)  # the combinations the run's privacy mode refuses
+    try:
+        mode = privacy_mode(cfg.privacy.mode)  # the registry's modes (a plug-in registers there)
+    except ValueError:
+        raise ConfigError(f"config key 'privacy.mode' = {cfg.privacy.mode!r}; expected one of "
+                          f"{tuple(PRIVACY_MODES)}") from None
+    mode.check_config(cfg)  # the combinations the run's privacy mode refuses
     item_rate = cfg.server_opt.item_rate
     if item_rate * cfg.server_opt.item_weight_decay >= 1.0:
         raise ConfigError(f"config key 'server_opt.item_weight_decay' = {cfg.server_opt.item_weight_decay}; the item "

@@ -124,7 +124,7 @@ def test_an_unexpected_error_is_one_line_exit_1_and_points_at_debug(monkeypatch,
     def broken(args):
         raise TypeError("a bug")
 
-    monkeypatch.setitem(__import__("fedrec_flwr.cli.commands").cli.COMMANDS, "summary", broken)
+    monkeypatch.setitem(__import__("fedrec_flwr.cli.commands").cli.commands.COMMANDS, "summary", broken)
     line = fails(["summary"], capsys, code=1)
     assert line == "error: unexpected TypeError: a bug (`fedrec --debug ...` shows the traceback)"
     with pytest.raises(TypeError):

@@ -211,7 +211,7 @@ def _key(context: Context) -> tuple:
 
 
 # Each factory imports its own client: a ClientApp process imports only its algorithm's code (the
-# FedGNN client pulls in PyTorch Geometric, about 3 s per process that FPPDM and trivial nodes skip).
+# FedGNN device core is not imported by FPPDM or trivial nodes). None imports PyTorch Geometric (models.star_layers).
 def trivial_client(cfg: AppConfig, context: Context, device: torch.device):
     """The overhead baseline's echo client."""
     from clients.trivial import TrivialClient

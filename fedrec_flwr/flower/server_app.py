@@ -40,7 +40,7 @@ def _record_failure(cfg, exc: BaseException) -> None:
 
 
 # Each factory imports its own strategy: a ServerApp process imports only its algorithm's code (FedGNN's
-# pulls in PyTorch Geometric, about 3 s that an FPPDM or trivial run skips).
+# round core, models and privacy mechanisms are not imported by an FPPDM or trivial run).
 def fedgnn_components(cfg) -> ServerAppComponents:
     """FedGNN: partitions prepared once (simulation) or the public catalogue (deployment), then the
     strategy for registration + `rounds` training rounds (+ expansion)."""
