@@ -120,7 +120,8 @@ def test_gadtcdr_loader_filters_and_leaves_one_out(tmp_path):
     rng = np.random.default_rng(0)
     for dom in ("douban_book", "douban_music"):
         (tmp_path / dom).mkdir()
-        rows = [f"{u}\t{i}\t{rng.integers(3, 6)}" for u in range(1, 30) for i in rng.choice(np.arange(1, 25), 12, replace=False)]
+        rows = [f"{u}\t{i}\t{rng.integers(3, 6)}" for u in range(1, 30)
+                for i in rng.choice(np.arange(1, 25), 12, replace=False)]
         (tmp_path / dom / "ratings.dat").write_text("\n".join(rows) + "\n")
     ds = load_gadtcdr("dbm", tmp_path, ("douban_book", "douban_music"), seed=1)
     for d in ds.domains:

@@ -190,7 +190,8 @@ class FedGNNServer:
             self.model_opt = torch.optim.SGD(params, lr=so.lr, momentum=so.momentum)
             self.item_opt = torch.optim.SGD([self.items], lr=so.item_rate)
         # ExponentialLR decays each group's current rate in place, so the optimiser state in a checkpoint carries it
-        self.lr_schedules = [torch.optim.lr_scheduler.ExponentialLR(opt, so.lr_decay) for opt in (self.model_opt, self.item_opt)]
+        self.lr_schedules = [torch.optim.lr_scheduler.ExponentialLR(opt, so.lr_decay)
+                             for opt in (self.model_opt, self.item_opt)]
         self.model_shapes = [tuple(p.shape) for p in params]
         self.anonymity_sets: dict[int, np.ndarray] = {}  # user id -> its anonymity set (int32 to halve memory)
         # popularity-matched sampler: the item counts estimated from the users' LDP reports, published at registration

@@ -4,9 +4,9 @@ without importing PyG; and PyG's own layer over them, imported on first use.
 Devices and the server only store these weights and run the dense forms in `dense_star`. Importing
 torch_geometric costs about 2.8 s of CPU (it imports torch._dynamo), nearly half of what a FedGNN
 ClientApp process spent importing before it could handle its message (~6.5 s, now ~3.6 s on the CPU box),
-and a deployed SuperNode starts one such process per message. So the federated path never imports it. Names, shapes, registration order and
-initial random draws are PyG's (tests/test_models.py builds both from one seed and compares them), so
-weights, checkpoints and uploads are those of the PyG layers, and `pyg_layer` runs PyG's message
+and a deployed SuperNode starts one such process per message. So the federated path never imports it. Names, shapes,
+registration order and initial random draws are PyG's (tests/test_models.py builds both from one seed and compares
+them), so weights, checkpoints and uploads are those of the PyG layers, and `pyg_layer` runs PyG's message
 passing over the very same parameters: the centralized reference and the test oracle use it.
 """
 
