@@ -53,7 +53,8 @@ RESULTS = Path(__file__).parent / "results"  # fppdm_overlap_seed<S>.json
 
 
 def variants(dataset: str, overrides: list[str]) -> dict[str, AppConfig]:
-    """The runs compared: single_domain, and fppdm at lambda_p 0 (fppdm_lp0), its default (fppdm) and 4x it (fppdm_lp4x)."""
+    """The runs compared: single_domain, and fppdm at lambda_p 0 (fppdm_lp0), its default (fppdm) and 4x it
+    (fppdm_lp4x)."""
     base = load_config("fppdm", dataset, overrides)
     lam = base.fppdm.training.lambda_p
     return {"single_domain": load_config("single_domain", dataset, overrides),

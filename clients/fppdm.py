@@ -84,8 +84,8 @@ class FPPDMDomainClient(NumPyClient):
             g_mu, g_sigma = decrypt_barycenters(self.keys, self.packer, down.ciphertexts, counts, dim)
         else:
             ids, g_mu, g_sigma = split_gaussians(parameters)
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype,
-                                              np.integer) or not np.isin(ids, self.trainer.data.global_ids).all():
+        if (ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer)
+                or not np.isin(ids, self.trainer.data.global_ids).all()):
             raise ValueError("download: user ids are not a 1-D integer array of this domain's own users")
         if np.shape(g_mu) != (ids.size, dim) or np.shape(g_sigma) != (ids.size, dim):
             raise ValueError(f"download: mu {np.shape(g_mu)} / sigma {np.shape(g_sigma)}, expected {(ids.size, dim)}")

@@ -108,7 +108,8 @@ def test_missing_file_message_says_where_to_put_it(tmp_path):
     with pytest.raises(DataError) as err:
         load_dataset("ml-100k", tmp_path / "nodata", tmp_path / "cache")
     msg = str(err.value)
-    assert f"put ml-100k/u1.base at {tmp_path / 'nodata' / 'ml-100k' / 'u1.base'}" in msg and "data.download=true" in msg
+    assert (f"put ml-100k/u1.base at {tmp_path / 'nodata' / 'ml-100k' / 'u1.base'}" in msg
+            and "data.download=true" in msg)
 
 
 def test_unknown_dataset_lists_registry():

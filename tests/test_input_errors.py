@@ -496,7 +496,8 @@ def test_an_in_process_run_told_to_resume_without_a_checkpoint_fails_in_one_line
     with pytest.raises(SystemExit) as stop:
         cli_main([*tiny_run(tmp_path), "checkpoint.resume=true", f"checkpoint.dir={folder}", "--data-dir",
                   str(tmp_path / "data"), "--in-process"])
-    assert str(stop.value) == f"run failed: CheckpointError: checkpoint.resume is set but there is no checkpoint at {folder / 'server.pt'}"
+    assert str(stop.value) == (f"run failed: CheckpointError: checkpoint.resume is set but there is no checkpoint at "
+                               f"{folder / 'server.pt'}")
 
 
 # -- results files for summary and plot -----------------------------------------------------------------------
@@ -582,8 +583,9 @@ CHAINED = """\
 INFO :      [ROUND 2]
 """
 
-RAY_EMBEDDED = """\
-[fedrec_flwr.fedgnn] WARNING round 2: rejected: client failure: <'\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=3443, ip=1)
+RAY_EMBEDDED = ("""\
+[fedrec_flwr.fedgnn] WARNING round 2: rejected: client failure: <'\x1b[36mray::ClientAppActor.run()"""
+                """\x1b[39m (pid=3443, ip=1)
                   ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
   File "/v/flwr/clientapp/client_app.py", line 144, in __call__
     return self._call(message, context)
@@ -597,7 +599,7 @@ The above exception was the direct cause of the following exception:
 flwr.clientapp.client_app.ClientAppException:{TRAILING_SPACE}
 Exception ClientAppException occurred. Message: injected crash (round 2)'>)
 [fedrec_flwr.fedgnn] WARNING round 2: 0 accepted updates < min_clients=2; model unchanged
-""".format(TRAILING_SPACE=" ")  # Ray prints the exception's empty first message line with a trailing space
+""").format(TRAILING_SPACE=" ")  # Ray prints the exception's empty first message line with a trailing space
 
 
 def _filtered(text: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""Popularity-matched pseudo items: the LDP popularity report, the sampler, the attack it defeats, and the round-0 protocol."""
+"""Popularity-matched pseudo items: the LDP popularity report, the sampler, the attack it defeats, and the round-0
+protocol."""
 
 from __future__ import annotations
 

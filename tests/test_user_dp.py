@@ -203,7 +203,8 @@ def test_the_server_refuses_an_aggregate_no_honest_round_can_give():
 
 
 def _honest_sum(rng, d: int, users: int, std: float, aligned: bool) -> np.ndarray:
-    """users clipped updates of norm C = 1 (all in one direction when aligned: the largest honest signal) + N(0, std^2)."""
+    """users clipped updates of norm C = 1 (all in one direction when aligned: the largest honest signal) + N(0,
+    std^2)."""
     signal = np.zeros(d)
     if aligned:
         signal[:] = users / np.sqrt(d)

@@ -205,7 +205,8 @@ def checkpointed_users(path: Path, state: dict, parts: UserPartitions, cfg, min_
     cap = cfg.expansion.max_neighbours if cfg.expansion.mode != "none" else 0
     states, handles = {}, set()
     for u, blob in enumerate(blobs):
-        if not isinstance(blob, torch.Tensor) or blob.layout != torch.strided or blob.dtype != torch.uint8 or blob.ndim != 1:
+        if (not isinstance(blob, torch.Tensor) or blob.layout != torch.strided or blob.dtype != torch.uint8
+                or blob.ndim != 1):
             raise CheckpointError(f"{path}: key 'user_states[{u}]' is not a dense 1-D uint8 tensor (an "
                                   f"encoded user state)")
         try:

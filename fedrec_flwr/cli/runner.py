@@ -44,7 +44,8 @@ FLWR_LOG = "flwr-run.log"  # in the output folder: `flwr run`'s whole output, tr
 TRACEBACK_HEADER = re.compile(r"Traceback \(most recent call last\):\s*$")
 FRAME_LINE = re.compile(r'^\s+File "[^"]*", line \d+')
 CARET_LINE = re.compile(r"^\s+[\^~]+\s*$")
-EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(\([\w.]*\))?:(\s|$)|^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\s*$")
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(\([\w.]*\))?:(\s|$)"
+                            r"|^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\s*$")
 RAY_ACTOR = re.compile(r"^(\x1b\[[0-9;]*m)?ray::\S+ \(pid=\d+")  # the header Ray puts before a remote traceback
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 RAY_PREFIX = re.compile(r"^\([^()]*pid=\d+[^()]*\) ?")  # a Ray worker's output: "(ClientAppActor pid=123) ..."

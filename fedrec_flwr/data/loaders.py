@@ -33,7 +33,8 @@ def _compact(train_raw: np.ndarray, test_raw: np.ndarray) -> Compacted:
 
 
 def _check_scale(path: Path, values: np.ndarray, scale: RatingScale) -> None:
-    bad = (values < scale.low) | (values > scale.high) | (np.abs(np.round((values - scale.low) / scale.step) * scale.step + scale.low - values) > 1e-4)
+    bad = (values < scale.low) | (values > scale.high) | (
+        np.abs(np.round((values - scale.low) / scale.step) * scale.step + scale.low - values) > 1e-4)
     if bad.any():
         idx = int(np.flatnonzero(bad)[0])
         raise DataError(

@@ -176,7 +176,8 @@ def resolve_root(spec: DatasetSpec, data_dir: Path, cache_dir: Path, download: b
                         "(--data-dir or data.data_dir, docs/datasets.md)")
     lines = [f"dataset '{spec.name}' is missing {len(missing)} file(s):"]
     for f in missing:
-        where = f" (downloadable: set data.download=true, or fetch {f.url}{' member ' + f.member if f.member else ''})" if f.url and f.sha256 else ""
+        where = (f" (downloadable: set data.download=true, or fetch {f.url}{' member ' + f.member if f.member else ''})"
+                 if f.url and f.sha256 else "")
         lines.append(f"  put {f.relpath} at {data_dir / f.relpath}{where}")
     raise DataError("\n".join(lines))
 

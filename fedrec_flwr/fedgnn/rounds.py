@@ -114,7 +114,8 @@ class FedGNNRounds:
         # that is (`baselines.baselines_on_users`; simulation only, where the server holds the data)
         self.test_ratings, self.baselines = test_ratings, baselines
         # row_width: the width of one uploaded item row (`models.row_width`), what the privacy accounting counts per row
-        self.federation, self.privacy, self.expansion, self.row_width, self.seed = federation, privacy, expansion, row_width, seed
+        self.federation, self.privacy, self.expansion, self.row_width, self.seed = (federation, privacy, expansion,
+                                                                                   row_width, seed)
         self.merge = merge
         # high - low of the scale the devices report in (reference units: 4, the span of the
         # participants' `PartitionMeta.scale`): bounds a reported squared error

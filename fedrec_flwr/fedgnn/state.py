@@ -85,7 +85,8 @@ def user_state_problem(st: UserState, *, dim: int, num_items: int, own: np.ndarr
         return f"a user offset of {st.offset}; expected " + ("a finite number" if offset
                                                              else "0 (model.user_offset is off)")
     if whole_table:
-        return f"{ids.size} anonymity-set items; expected none (a privacy mode without anonymity sets)" if ids.size else None
+        return (f"{ids.size} anonymity-set items; expected none (a privacy mode without anonymity sets)" if ids.size
+                else None)
     if ids.size < min_rows or (ids.size and (ids[0] < 0 or ids[-1] >= num_items)) or (np.diff(ids) <= 0).any():
         return f"{ids.size} anonymity-set items; expected at least {min_rows} sorted distinct ids in [0, {num_items})"
     if not np.isin(own, ids, assume_unique=True).all():

@@ -42,7 +42,8 @@ def _softmax_rows(logits: np.ndarray) -> np.ndarray:
 
 
 def knn_similarity(x: np.ndarray, k: int, epsilon: float, block: int = 2048) -> sp.csr_matrix:
-    """Sparse S with s_ij = softmax over i's k nearest neighbours of -||x_i - x_j||^2 / epsilon (distances scaled to mean 1)."""
+    """Sparse S with s_ij = softmax over i's k nearest neighbours of -||x_i - x_j||^2 / epsilon (distances scaled to
+    mean 1)."""
     n = x.shape[0]
     k = min(k, n - 1)
     sq = np.sum(x * x, 1)

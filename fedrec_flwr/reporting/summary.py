@@ -20,7 +20,8 @@ EXPECTED = "the results.json a run writes in its output folder"
 
 
 class ResultsFileError(ValueError):
-    """A results.json that cannot be summarised or plotted; the message names the file, the key and what was expected."""
+    """A results.json that cannot be summarised or plotted; the message names the file, the key and what was
+    expected."""
 
 
 def _number(value: Any) -> bool:

@@ -90,7 +90,8 @@ class Device(DeviceMechanism):
         return vector, 1, {"phase": PHASE_TRAIN, "users": len(hosted)}
 
     def evaluation_sum_reply(self, user_of, hosted, parameters, rc: RoundConfig, num_weights, terms):
-        """Every hosted user's clipped, normalised error sums with the node's noise share (`user_dp.node_evaluation`)."""
+        """Every hosted user's clipped, normalised error sums with the node's noise share
+        (`user_dp.node_evaluation`)."""
         if terms is None:
             raise ValueError("an evaluate-sum round on a node without its own privacy terms")
         weights, table, _ = split_table_download(parameters, num_weights)
