@@ -61,16 +61,17 @@ def main() -> None:
             print(f"[batched_users] {preset} on {dataset} skipped: {exc}", flush=True)
             continue
         one, batched = statistics.median(times[1]), statistics.median(times[32])
-        rows.append({"preset": preset, "dataset": dataset, "overrides": list(extra), "one_at_a_time_s": one, "batched_s": batched,
-                     "speedup": one / batched, "rmse_one_at_a_time": rmse[1], "rmse_batched": rmse[32],
-                     "runs": times})
+        rows.append({"preset": preset, "dataset": dataset, "overrides": list(extra), "one_at_a_time_s": one,
+                     "batched_s": batched, "speedup": one / batched, "rmse_one_at_a_time": rmse[1],
+                     "rmse_batched": rmse[32], "runs": times})
         print(f"[batched_users] {json.dumps(rows[-1])}", flush=True)
     print("| preset | dataset | one at a time (s/round) | 32 batched (s/round) | speedup | RMSE (one / batched) |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['preset']} | {r['dataset']} | {r['one_at_a_time_s']:.2f} | {r['batched_s']:.2f} | "
               f"{r['speedup']:.1f}x | {r['rmse_one_at_a_time']:.6f} / {r['rmse_batched']:.6f} |")
-    record = {"date": date.today().isoformat(), "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, 1 thread",
+    record = {"date": date.today().isoformat(),
+              "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, 1 thread",
               "command": f"python -m benchmarks.batched_users --rounds {args.rounds} --repeats {args.repeats}",
               "rounds": args.rounds, "repeats": args.repeats, "rows": rows}
     atomic_write(Path(args.out), json.dumps(record, indent=1) + "\n")

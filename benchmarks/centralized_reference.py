@@ -41,7 +41,8 @@ def main() -> None:
         runs = []
         for seed in args.seeds:
             cfg = load_config(args.preset, ds, [f"data.data_dir={args.data_dir}", f"seed={seed}",
-                                             f"output_dir=outputs/centralized/{ds}-s{seed}", *parse_overrides(" ".join(args.set))])
+                                             f"output_dir=outputs/centralized/{ds}-s{seed}",
+                                             *parse_overrides(" ".join(args.set))])
             t0 = time.time()
             with contextlib.redirect_stdout(io.StringIO()):
                 final = run_centralized(cfg)
@@ -54,8 +55,9 @@ def main() -> None:
             "seconds_median": statistics.median(r["seconds"] for r in runs),
             "global_mean_rmse": runs[0]["global_mean_rmse"], "epochs": cfg.centralized.epochs,
         })
-    doc = {"preset": args.preset, "date": date.today().isoformat(), "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-           "python": platform.python_version(), "results": rows}
+    doc = {"preset": args.preset, "date": date.today().isoformat(),
+           "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "python": platform.python_version(),
+           "results": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))
     print("| dataset | RMSE median (mean ± std) | global-mean RMSE | seconds (median) |")

@@ -64,6 +64,6 @@ def in_process_record(cfg, log_every: int = 0, probe=None) -> dict:
     return {**extra, "sampler": cfg.privacy.pseudo_sampler,
             "final": {"rmse": out["rmse"], "eval_ratings": out["eval_ratings"], "test_ratings": out["test_ratings"]},
             "rmse_by_round": {str(h["round"]): h["rmse"] for h in evals}, "budget": evals[-1]["privacy"],
-            "median_round_seconds": out["median_round_seconds"], "wall_seconds": round(time.time() - started + (out["resumed"] or {}).get("seconds_before", 0.0), 1),
-            "resumed_after_round": (out["resumed"] or {}).get("after_round"),
-            "date": date.today().isoformat()}
+            "median_round_seconds": out["median_round_seconds"],
+            "wall_seconds": round(time.time() - started + (out["resumed"] or {}).get("seconds_before", 0.0), 1),
+            "resumed_after_round": (out["resumed"] or {}).get("after_round"), "date": date.today().isoformat()}

@@ -46,7 +46,8 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/compute_floor.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    base = [f"data.data_dir={args.data_dir}", f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}"]
+    base = [f"data.data_dir={args.data_dir}", f"federation.rounds={args.rounds}",
+            f"federation.eval_every={args.rounds}"]
     cfg = load_config(args.preset, args.dataset, base)
     users = UserPartitions(prepare_partitions(cfg.data)).meta.num_users
     floor = run_in_process(cfg, log_every=0)
@@ -62,11 +63,13 @@ def main() -> None:
             common = ["--dataset", args.dataset, "--data-dir", args.data_dir]
             fedrec_run(["--preset", args.preset, *common, "--out", f"{tmp}/fedgnn", "--set", *base,
                       f"simulation.users_per_node={per_node}"])
-            fedrec_run(["--preset", "trivial", *common, "--out", f"{tmp}/trivial", "--set", f"federation.rounds={args.rounds}",
+            fedrec_run(["--preset", "trivial", *common, "--out", f"{tmp}/trivial", "--set",
+                        f"federation.rounds={args.rounds}",
                       f"simulation.users_per_node={per_node}", f"federation.clients_per_round={min(128, nodes)}"])
             fed, triv = load_results(f"{tmp}/fedgnn"), load_results(f"{tmp}/trivial")
         row = {"users_per_node": per_node, "supernodes": nodes, "fedgnn_round_s": median_round_seconds(fed),
-               "trivial_round_s": median_round_seconds(triv), "floor_round_s": floor_s, "final_rmse": fed["final"]["rmse"]}
+               "trivial_round_s": median_round_seconds(triv), "floor_round_s": floor_s,
+               "final_rmse": fed["final"]["rmse"]}
         row["fedgnn_over_floor"] = row["fedgnn_round_s"] / floor_s
         rows.append(row)
         print(f"[compute_floor] {json.dumps(row)}", flush=True)
@@ -75,8 +78,8 @@ def main() -> None:
                                               "preset": args.preset, "rounds": args.rounds, "users": users,
                                               "clients_per_round": cfg.federation.clients_per_round,
                                               "user_batch": cfg.simulation.user_batch, "floor_rmse": floor["rmse"],
-                                              "floor_one_at_a_time_s": alone_s, "floor_one_at_a_time_rmse": alone["rmse"],
-                                              "rows": rows}, indent=1))
+                                              "floor_one_at_a_time_s": alone_s,
+                                              "floor_one_at_a_time_rmse": alone["rmse"], "rows": rows}, indent=1))
     print("| users per node | SuperNodes | FedGNN round (s) | trivial round (s) | floor (s) | FedGNN / floor |")
     print("|---|---|---|---|---|---|")
     for r in rows:

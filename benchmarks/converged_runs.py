@@ -15,8 +15,8 @@
    accounted privacy budget is that of R rounds.
 
 In-process (the round core and device code of `flwr run`), one torch thread per process, so two datasets
-can run side by side on two cores (or one dataset's test seeds, split by `--seeds`). Resumable: each finished phase is saved to
-benchmarks/results/converged-<preset>-<dataset>.json and skipped on a rerun with the same settings.
+can run side by side on two cores (or one dataset's test seeds, split by `--seeds`). Resumable: each finished phase is
+saved to benchmarks/results/converged-<preset>-<dataset>.json and skipped on a rerun with the same settings.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def plot(files: list[Path], path: Path) -> None:
     for ax, doc in zip(axes[0], docs):
         for r in doc["runs"]:
             pts = sorted((int(k), v) for k, v in r["rmse_by_round"].items())
-            style = {"ls": "--", "color": "black", "label": f"validation (seed {r['seed']})"} if r["holdout"] == "validation" \
+            style = {"ls": "--", "color": "black",
+                     "label": f"validation (seed {r['seed']})"} if r["holdout"] == "validation" \
                 else {"label": f"test, seed {r['seed']}"}
             ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=2, **style)
         if "chosen_rounds" in doc:
@@ -73,9 +74,11 @@ def table(files: list[Path]) -> str:
     for doc in (json.loads(f.read_text()) for f in files):
         chosen = doc.get("chosen_rounds")
         val = [r for r in doc["runs"] if r["holdout"] == "validation"]
-        tests = sorted((r for r in doc["runs"] if r["holdout"] == "test" and r["rounds"] == chosen), key=lambda r: r["seed"])
+        tests = sorted((r for r in doc["runs"] if r["holdout"] == "test" and r["rounds"] == chosen),
+                       key=lambda r: r["seed"])
         longest = max(int(k) for r in doc["runs"] for k in r["rmse_by_round"])
-        step = -(-longest // 8 // 20) * 20  # at most about 8 columns, on the evaluation grid, the chosen round among them
+        # at most about 8 columns, on the evaluation grid, the chosen round among them
+        step = -(-longest // 8 // 20) * 20
         cols = sorted({*range(longest, 0, -step), *([chosen] if chosen else [])})
         lines += [f"| {doc['dataset']} | " + " | ".join(f"@{c}" for c in cols) + " | wall (s) |",
                   "|---|" + "---|" * (len(cols) + 1)]
@@ -90,7 +93,8 @@ def table(files: list[Path]) -> str:
             median = tests[0]["budget"]["per_user_run"]["median"]
             lines.append(f"\nChosen: {chosen} rounds; test RMSE {statistics.mean(finals):.4f} ± {spread:.4f} "
                          f"({len(finals)} seeds: {', '.join(f'{v:.4f}' for v in finals)}); the median user of seed "
-                         f"{tests[0]['seed']} spent {median['tight']:.3g} over its {median['uploads']} uploads (RDP, δ = 1e-5).\n")
+                         f"{tests[0]['seed']} spent {median['tight']:.3g} over its {median['uploads']} uploads "
+                         f"(RDP, δ = 1e-5).\n")
     return "\n".join(lines)
 
 

@@ -90,7 +90,8 @@ def neighbour_use(server, rmse, device_user) -> dict:
         with torch.no_grad():
             items = torch.from_numpy(rows[row_positions(st, data.train_items, user.whole_table)])
             items = model.item_input(items, _features_of(data, data.train_items, torch.device("cpu")))
-            items = items[:, : st.embedding.shape[0]]  # the embedding part (the row's item-bias column, if any, is not a GNN input)
+            # the embedding part (the row's item-bias column, if any, is not a GNN input)
+            items = items[:, : st.embedding.shape[0]]
             params = {name: p.detach()[None] for name, p in model.named_parameters()}
             neigh = torch.from_numpy(st.neighbours)[None]
             g = DenseStars(torch.from_numpy(st.embedding)[None], items[None], neigh, torch.ones(1, items.shape[0]),
@@ -133,7 +134,8 @@ def chosen_rounds(dataset: str, results: Path) -> tuple[int, dict[int, dict]]:
     doc = json.loads(path.read_text())
     rounds = int(doc["chosen_rounds"])
     tests = {r["seed"]: r for r in doc["runs"] if r["holdout"] == "test" and r["rounds"] == rounds
-             and r["overrides"] == ["data.holdout=test", f"federation.rounds={rounds}", f"federation.eval_every={EVAL_EVERY}"]}
+             and r["overrides"] == ["data.holdout=test", f"federation.rounds={rounds}",
+                                    f"federation.eval_every={EVAL_EVERY}"]}
     return rounds, tests
 
 
@@ -153,8 +155,8 @@ def table(doc: dict) -> str:
         by.setdefault(r["variant"], []).append(r)
     rounds = doc["rounds"]
     base = {r["seed"]: r for r in by.get("none", [])}
-    lines = [f"{doc['dataset']}, {rounds} rounds (final test RMSE; seeds in brackets; tail: the mean of the evaluations "
-             f"in the last {TAIL_ROUNDS} rounds)\n",
+    lines = [f"{doc['dataset']}, {rounds} rounds (final test RMSE; seeds in brackets; tail: the mean of the "
+             f"evaluations in the last {TAIL_ROUNDS} rounds)\n",
              "| variant | RMSE | - none (same seeds) | - none, tail | RMSE without neighbours | without - with, tail "
              "| update gate z (without) | neighbours' message share | mean neighbours | wall s |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -253,11 +255,13 @@ def plot(doc: dict, path: Path) -> None:
     none = {r["seed"]: r["rmse_by_round"] for r in doc["runs"] if r["variant"] == "none"}
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
     palette = plt.get_cmap("tab20")  # 20 distinct colours: one per cell, where the default cycle repeats after 10
-    for i, r in enumerate(sorted((r for r in doc["runs"] if r["variant"] != "none"), key=lambda r: (r["variant"], r["seed"]))):
+    for i, r in enumerate(sorted((r for r in doc["runs"] if r["variant"] != "none"),
+                                 key=lambda r: (r["variant"], r["seed"]))):
         color, label = palette(i % 20), f"{r['variant']}, seed {r['seed']}"
         base = none.get(r["seed"], {})
         probes = r.get("probes", {})
-        for key, curve, ls in (("rmse", r["rmse_by_round"], "-"), ("without", probes.get("rmse_without_neighbours", {}), ":")):
+        for key, curve, ls in (("rmse", r["rmse_by_round"], "-"),
+                               ("without", probes.get("rmse_without_neighbours", {}), ":")):
             pts = sorted((int(k), v - base[k]) for k, v in curve.items() if k in base)
             if pts:
                 left.plot([x for x, _ in pts], [y for _, y in pts], ls=ls, color=color,
@@ -267,7 +271,8 @@ def plot(doc: dict, path: Path) -> None:
             right.plot([x for x, _ in pts], [y for _, y in pts], ls=ls, color=color, lw=1,
                        label=f"{label}: gate z" if ls == "-" else None)
         pts = sorted((int(k), v) for k, v in probes.get("neighbour_message_share", {}).items())
-        right.plot([x for x, _ in pts], [y for _, y in pts], ls="--", color=color, lw=1, label=f"{label}: neighbours' share")
+        right.plot([x for x, _ in pts], [y for _, y in pts], ls="--", color=color, lw=1,
+                   label=f"{label}: neighbours' share")
     left.axhline(0.0, color="black", lw=0.8)
     left.set_title(f"{doc['dataset']}, {doc['rounds']} rounds: test RMSE - none of the same seed\n"
                    "dotted: the same model without its neighbours - none", fontsize=9)
@@ -329,7 +334,8 @@ def main() -> None:
                     found = neighbour_use(server, rmse, device_user) if cfg.expansion.mode != "none" else {}
                     counts = [device_user(u).state.neighbours.shape[0] for u in server.anonymity_sets]
                     mean_neighbours.append(float(np.mean(counts)))
-                    print(f"[expansion_probes] probe {json.dumps(found)}", flush=True)  # the log keeps them as they come
+                    # the log keeps them as they come
+                    print(f"[expansion_probes] probe {json.dumps(found)}", flush=True)
                     return found
 
                 try:
@@ -343,7 +349,8 @@ def main() -> None:
                 doc["runs"] = json.loads(out.read_text())["runs"]
             doc["runs"].append(record)
             atomic_write(out, json.dumps(doc, indent=1))
-            shutil.rmtree(CHECKPOINTS / cell_name(args.dataset, name, seed), ignore_errors=True)  # saved: nothing to resume
+            # saved: nothing to resume
+            shutil.rmtree(CHECKPOINTS / cell_name(args.dataset, name, seed), ignore_errors=True)
             print(f"[expansion_probes] {args.dataset} {name} seed {seed}: test RMSE {record['final']['rmse']:.4f}",
                   flush=True)
     print(table(doc))

@@ -44,7 +44,8 @@ SETTINGS = {
 # the cells recorded before the lengths were chosen on validation; `fixed` expands after the default T = 2
 # epochs (ML-100K round 15, Douban round 47).
 FIRST_LENGTHS = {"ml-100k": 300, "douban": 200}
-TUNED = {dataset: ["simulation.users_per_node=8", f"federation.rounds={FIRST_LENGTHS[dataset]}"] for dataset in SETTINGS}
+TUNED = {dataset: ["simulation.users_per_node=8", f"federation.rounds={FIRST_LENGTHS[dataset]}"]
+         for dataset in SETTINGS}
 PROTOCOLS = {
     "short": ("fedgnn_paper", SETTINGS, "benchmarks/results/expansion_table.json"),
     "tuned": ("fedgnn_tuned", TUNED, "benchmarks/results/expansion_converged.json"),
@@ -66,7 +67,8 @@ def table(doc: dict) -> str:
                   "| GNN | " + " | ".join(MODES) + " | fixed - none | wall s per run (median) |",
                   "|---|" + "---|" * len(MODES) + "---|---|"]
         for gnn in GNNS:
-            runs = {m: [r for r in doc["runs"] if (r["dataset"], r["gnn"], r["mode"]) == (dataset, gnn, m)] for m in MODES}
+            runs = {m: [r for r in doc["runs"] if (r["dataset"], r["gnn"], r["mode"]) == (dataset, gnn, m)]
+                    for m in MODES}
             if not any(runs.values()):
                 continue
             cells, means = [], {}

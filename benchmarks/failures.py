@@ -42,7 +42,8 @@ def main() -> None:
     jobs = {}
     for name, extra in (("clean", []), ("faulty", args.faults)):
         with tempfile.TemporaryDirectory() as tmp:
-            fedrec_run(["--preset", "fedgnn_paper", "--dataset", args.dataset, "--data-dir", args.data_dir, "--seed", str(args.seed),
+            fedrec_run(["--preset", "fedgnn_paper", "--dataset", args.dataset, "--data-dir", args.data_dir, "--seed",
+                        str(args.seed),
                       "--out", tmp, "--set", *common, *extra])
             doc = load_results(tmp)
         train = [r for r in doc["rounds"] if r.get("phase") == "train"]

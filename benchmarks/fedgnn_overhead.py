@@ -42,8 +42,10 @@ def main() -> None:
     for rep in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             common = ["--dataset", args.dataset, "--data-dir", args.data_dir]
-            fedrec_run(["--preset", "trivial", *common, "--out", f"{tmp}/trivial", "--set", f"federation.rounds={args.rounds}"])
-            fedrec_run(["--preset", "fedgnn_paper", *common, "--out", f"{tmp}/fedgnn", "--set", f"federation.rounds={args.rounds}",
+            fedrec_run(["--preset", "trivial", *common, "--out", f"{tmp}/trivial", "--set",
+                        f"federation.rounds={args.rounds}"])
+            fedrec_run(["--preset", "fedgnn_paper", *common, "--out", f"{tmp}/fedgnn", "--set",
+                        f"federation.rounds={args.rounds}",
                       f"federation.eval_every={args.rounds}", *args.set])
             triv, fed = load_results(f"{tmp}/trivial"), load_results(f"{tmp}/fedgnn")
         train = [r for r in fed["rounds"] if r.get("phase") == "train"]
@@ -64,10 +66,12 @@ def main() -> None:
            "ratio_median": statistics.median(r["ratio"] for r in rows)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))
-    med = {k: statistics.median(r[k] for r in rows) for k in ("fedgnn_round_s", "trivial_round_s", "bytes_up", "bytes_down")}
+    med = {k: statistics.median(r[k] for r in rows)
+           for k in ("fedgnn_round_s", "trivial_round_s", "bytes_up", "bytes_down")}
     print(f"FedGNN round / trivial round (median of {len(rows)}): {doc['ratio_median']:.2f} "
           f"(medians {med['fedgnn_round_s']:.2f}s / {med['trivial_round_s']:.2f}s); per client per round "
-          f"{med['bytes_up'] / 1e6:.3f} MB up, {med['bytes_down'] / 1e6:.3f} MB down; full item table {full_table / 1e6:.3f} MB")
+          f"{med['bytes_up'] / 1e6:.3f} MB up, {med['bytes_down'] / 1e6:.3f} MB down; full item table "
+          f"{full_table / 1e6:.3f} MB")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,8 @@ def main() -> None:
         print(f"[fedgnn_tuned_runs] {args.dataset} seed {seed} ...", flush=True)
         doc["runs"].append(run(args.preset, args.dataset, seed, args.data_dir, args.extra))
         r = doc["runs"][-1]
-        print(f"[fedgnn_tuned_runs] {args.dataset} seed {seed}: RMSE {r['final']['rmse']:.4f} ({r['wall_seconds']:.0f}s)",
+        print(f"[fedgnn_tuned_runs] {args.dataset} seed {seed}: RMSE {r['final']['rmse']:.4f} "
+              f"({r['wall_seconds']:.0f}s)",
               flush=True)
         atomic_write(out, json.dumps(doc, indent=1))
 

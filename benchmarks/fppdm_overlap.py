@@ -53,7 +53,8 @@ RESULTS = Path(__file__).parent / "results"  # fppdm_overlap_seed<S>.json
 
 
 def variants(dataset: str, overrides: list[str]) -> dict[str, AppConfig]:
-    """The runs compared: single_domain, and fppdm at lambda_p 0 (fppdm_lp0), its default (fppdm) and 4x it (fppdm_lp4x)."""
+    """The runs compared: single_domain, and fppdm at lambda_p 0 (fppdm_lp0), its default (fppdm) and 4x it
+    (fppdm_lp4x)."""
     base = load_config("fppdm", dataset, overrides)
     lam = base.fppdm.training.lambda_p
     return {"single_domain": load_config("single_domain", dataset, overrides),
@@ -79,20 +80,23 @@ def run_variant(cfg: AppConfig, ds: MultiDomainDataset) -> dict:
         started, replies = time.time(), []
         for k, tr in enumerate(trainers):
             sent = rounds.download(k) or empty
-            tr.train(rnd, np.asarray(sent[0], np.int64), np.asarray(sent[1], np.float32), np.asarray(sent[2], np.float32))
+            tr.train(rnd, np.asarray(sent[0], np.int64), np.asarray(sent[1], np.float32),
+                     np.asarray(sent[2], np.float32))
             mu, sigma = tr.user_distributions()
             replies.append(NodeReply(k, [tr.data.global_ids.astype(np.int64), mu, sigma]))
         record = rounds.train(rnd, replies, [], started)
         if record["accepted"] != len(trainers):
             raise RuntimeError(f"round {rnd}: the round core refused {len(trainers) - record['accepted']} uploads")
     train_seconds = time.time() - t0
-    evals = [NodeReply(k, metrics={**tr.evaluate(f.evaluation), "domain": tr.data.name}) for k, tr in enumerate(trainers)]
+    evals = [NodeReply(k, metrics={**tr.evaluate(f.evaluation), "domain": tr.data.name})
+             for k, tr in enumerate(trainers)]
     mean = rounds.evaluate(cfg.federation.rounds, evals)  # the number a flwr run reports (mean over domains)
     glob = rounds.global_users
     domains = {}
     for k, tr in enumerate(trainers):
         d = tr.data
-        others = np.concatenate([o.data.global_ids for j, o in enumerate(trainers) if j != k] or [np.zeros(0, np.int64)])
+        others = np.concatenate([o.data.global_ids for j, o in enumerate(trainers) if j != k]
+                                or [np.zeros(0, np.int64)])
         shared_row = np.isin(d.row_ids, others)  # per user row: present in another domain too
         shared_user = shared_row[: d.num_uploaded]  # ... among the users this domain trains and uploads
         ranks, test_shared = user_ranks(tr, f.evaluation), shared_row[d.test_users]
@@ -111,7 +115,8 @@ def run_variant(cfg: AppConfig, ds: MultiDomainDataset) -> dict:
             "shared_to_barycenter_w2": float(moved.mean()) if moved.size else float("nan"),
             "shared_to_barycenter_w2_median": float(np.median(moved)) if moved.size else float("nan"),
             **scale,
-            "barycenter_over_random_pair": float(moved.mean() / scale["random_pair_w2"]) if moved.size else float("nan"),
+            "barycenter_over_random_pair": float(moved.mean() / scale["random_pair_w2"]) if moved.size
+                                           else float("nan"),
         }
     return {"lambda_p": f.training.lambda_p, "aggregate": f.server.aggregate, "mean_over_domains": mean,
             "domains": domains, "train_seconds": train_seconds, "wall_seconds": time.time() - t0}
@@ -214,7 +219,8 @@ def main() -> None:
     table = markdown(results)
     print(table)
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "command": " ".join([*(["OMP_NUM_THREADS=" + os.environ["OMP_NUM_THREADS"]] if "OMP_NUM_THREADS" in os.environ else []),
+           "command": " ".join([*(["OMP_NUM_THREADS=" + os.environ["OMP_NUM_THREADS"]]
+                                  if "OMP_NUM_THREADS" in os.environ else []),
                                 "python -m benchmarks.fppdm_overlap", *sys.argv[1:]]),
            "dataset": args.dataset, "seed": args.seed, "torch_threads": torch.get_num_threads(),
            "wall_seconds": time.time() - t0,

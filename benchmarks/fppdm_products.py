@@ -109,7 +109,8 @@ def kernels(adj_t: torch.Tensor, adj: sp.csr_matrix, dim: int, repeats: int) -> 
             "scipy, mu and sigma stacked": median_ms(lambda: adj @ both, repeats),
             "torch CSR 1 thread, mu and sigma stacked": median_ms(with_threads(1, lambda: adj_t @ both_t), repeats),
             "torch CSR 2 threads, mu and sigma stacked": median_ms(with_threads(2, lambda: adj_t @ both_t), repeats),
-            "scipy, mu and sigma on two threads": median_ms(lambda: list(pool.map(lambda x: adj @ x, (mu, sigma))), repeats),
+            "scipy, mu and sigma on two threads": median_ms(lambda: list(pool.map(lambda x: adj @ x, (mu, sigma))),
+                                                            repeats),
         }
     finally:
         pool.shutdown()
@@ -158,21 +159,25 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = load_config("fppdm", args.dataset, [f"data.data_dir={args.data_dir}", f"fppdm.training.batch_size={args.batch}",
+    cfg = load_config("fppdm", args.dataset, [f"data.data_dir={args.data_dir}",
+                                              f"fppdm.training.batch_size={args.batch}",
                                               "fppdm.training.local_epochs=1"])
     ds = load_multidomain(cfg.data)
     dim = cfg.fppdm.model.dim
     domains = {}
     for k, dom in enumerate(ds.domains):
-        trainer = DomainTrainer(DomainData(dom), k, cfg.fppdm.model, cfg.fppdm.training, cfg.fppdm.coclustering, cfg.seed)
+        trainer = DomainTrainer(DomainData(dom), k, cfg.fppdm.model, cfg.fppdm.training, cfg.fppdm.coclustering,
+                                cfg.seed)
         trainer.model.plan_rows(np.arange(1))  # builds the scipy copy of the adjacency
         adj, adj_t = trainer.model._adj_scipy, trainer.model.adj
         rec = {"nodes": int(adj.shape[0]), "nonzeros": int(adj.nnz), "interactions": int(trainer.data.users.size),
-               "reach": reach(trainer, adj, args.batch, args.steps), "kernels_ms": kernels(adj_t, adj, dim, args.repeats)}
+               "reach": reach(trainer, adj, args.batch, args.steps),
+               "kernels_ms": kernels(adj_t, adj, dim, args.repeats)}
         rec["step"] = step_profile(cfg, dom, k, args.steps, args.batch)
         per_table = rec["reach"]["products_per_step_per_table"]
         kern = rec["kernels_ms"]
-        one_thread = min(kern["scipy, one table"], kern["torch CSR 1 thread, one table"], kern["scipy RCM-reordered, one table"])
+        one_thread = min(kern["scipy, one table"], kern["torch CSR 1 thread, one table"],
+                         kern["scipy RCM-reordered, one table"])
         rec["floor_ms_per_step"] = {
             "1 thread": round(2 * per_table * one_thread + rec["step"]["adam_ms_per_step"], 1),
             "2 threads": round(per_table * min(kern["scipy, mu and sigma on two threads"],
@@ -192,7 +197,8 @@ def main() -> None:
     print(markdown_table(["whole-graph product (ms)", *domains], [[k, *(r["kernels_ms"][k] for r in domains.values())]
                                                                   for k in kinds]))
     print(markdown_table(["domain", "ms per step", "shares", "floor ms per step", "paper round s"],
-                         [[n, r["step"]["ms_per_step"], r["step"]["share"], r["floor_ms_per_step"], r["paper_round_seconds"]]
+                         [[n, r["step"]["ms_per_step"], r["step"]["share"], r["floor_ms_per_step"],
+                           r["paper_round_seconds"]]
                           for n, r in domains.items()]))
     doc = json.loads(args.out.read_text()) if args.out.is_file() else {"runs": {}}
     doc["runs"][f"{args.dataset}/batch={args.batch}/threads={args.threads}"] = {

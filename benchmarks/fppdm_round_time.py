@@ -52,7 +52,8 @@ def one_round(cfg, ds, steps_per_epoch: int = 0, device: torch.device | None = N
                   for tr in trainers}
     if steps_per_epoch > 0:  # a fixed random sample of the interactions (the graph stays whole)
         for tr in trainers:
-            keep = np.sort(np.random.default_rng(0).permutation(tr.data.users.size)[: steps_per_epoch * f.training.batch_size])
+            keep = np.sort(np.random.default_rng(0).permutation(tr.data.users.size)[
+                : steps_per_epoch * f.training.batch_size])
             tr.data.users, tr.data.items = tr.data.users[keep], tr.data.items[keep]
     empty = np.zeros(0, np.int64), np.zeros((0, f.model.dim), np.float32), np.zeros((0, f.model.dim), np.float32)
     seconds, uploads, losses = {}, [], {}

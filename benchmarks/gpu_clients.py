@@ -39,7 +39,8 @@ from fedrec_flwr.fsutil import atomic_write
 ML10M_SHAPE = ["data.synthetic.num_items=10677", "data.synthetic.mean_degree=180"]
 
 
-def fedgnn_clients_per_second(device: torch.device, users: int, rounds: int, cache_dir: str, overrides: list[str]) -> dict:
+def fedgnn_clients_per_second(device: torch.device, users: int, rounds: int, cache_dir: str,
+                              overrides: list[str]) -> dict:
     """Median clients/s of FedGNN training rounds with users and server on `device`."""
     cfg = load_config("fedgnn_paper", "synthetic", [
         f"data.cache_dir={cache_dir}", f"data.synthetic.num_users={users}", *ML10M_SHAPE,
@@ -77,7 +78,8 @@ def fppdm_paper_round(device: torch.device, data_dir: str, users: int, items: in
         ds, source = load_multidomain(cfg.data), "amazon-phone-elec"
     else:
         cfg = load_config("fppdm", "synthetic-md2", PAPER)
-        ds = make_synthetic_multidomain(seed=0, num_domains=2, num_users=users, items_per_domain=items, mean_degree=25.0)
+        ds = make_synthetic_multidomain(seed=0, num_domains=2, num_users=users, items_per_domain=items,
+                                        mean_degree=25.0)
         source = f"synthetic pair, {users} users, {items} items per domain"
     record = one_round(cfg, ds, device=device)
     return {"data": source, "round_seconds": record["round_seconds"], "domain_seconds": record["domain_seconds"],
@@ -92,7 +94,8 @@ def device_row(name: str, args: argparse.Namespace) -> dict:
     row = {"fedgnn": fedgnn_clients_per_second(device, args.users, args.rounds, args.cache_dir, args.set),
            "fppdm": fppdm_epoch_seconds(device, args.fppdm_users, args.fppdm_items, args.fppdm_epochs)}
     if name in args.fppdm_round_devices:
-        row["fppdm_paper_round"] = fppdm_paper_round(device, args.data_dir, args.fppdm_round_users, args.fppdm_round_items)
+        row["fppdm_paper_round"] = fppdm_paper_round(device, args.data_dir, args.fppdm_round_users,
+                                                     args.fppdm_round_items)
     if device.type == "cuda":
         row["gpu"] = torch.cuda.get_device_name(device)
     return row
@@ -118,7 +121,8 @@ def main() -> None:
     ap.add_argument("--fppdm-epochs", type=int, default=2)
     ap.add_argument("--fppdm-round-devices", nargs="*", default=["cuda"],
                     help="devices that also time one FPPDM round at the paper's settings (on CPU: minutes)")
-    ap.add_argument("--fppdm-round-users", type=int, default=3325, help="synthetic pair's users (without --data-dir data)")
+    ap.add_argument("--fppdm-round-users", type=int, default=3325,
+                    help="synthetic pair's users (without --data-dir data)")
     ap.add_argument("--fppdm-round-items", type=int, default=30000, help="synthetic pair's items per domain")
     ap.add_argument("--data-dir", default="data", help="folder holding the datasets (Amazon Phone-Elec, if there)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (a ClientApp gets one core)")

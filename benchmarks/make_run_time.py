@@ -4,8 +4,8 @@
 
 Runs `make run` `--repeats` times one after another and records, per run: the command's wall
 time, the run's own wall time (results.json), the rounds before training (popularity reports and
-registration; the ClientApp processes' start is in them), the median training round and the final RMSE; then the medians. Run it on an
-otherwise idle machine: the number it measures is what a newcomer waits.
+registration; the ClientApp processes' start is in them), the median training round and the final RMSE; then the
+medians. Run it on an otherwise idle machine: the number it measures is what a newcomer waits.
 """
 
 from __future__ import annotations

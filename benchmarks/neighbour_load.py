@@ -106,7 +106,8 @@ def _hostile(address: str, slow: bool, stop: threading.Event, cuts: list[float],
         stop.wait(delay)
 
 
-def _slow_body(address: str, run_id: str, stop: threading.Event, seen: list, delay: float, max_cycles: int = 10_000) -> None:
+def _slow_body(address: str, run_id: str, stop: threading.Event, seen: list, delay: float,
+               max_cycles: int = 10_000) -> None:
     """A stranger: a submit's request head and one byte of body, no credential, then hold; reconnect when cut.
 
     Appends (status or None, seconds from sending until the service closed the connection) per cycle.
@@ -196,7 +197,8 @@ def _load(args) -> None:
                     client.submit("load", handles[u], embeddings[u], token_of[items[u]].tolist())
                     out = None
                 else:
-                    out = client.neighbours("load", handles[u], dim=args.dim, max_neighbours=args.max_neighbours).shape[0]
+                    out = client.neighbours("load", handles[u], dim=args.dim,
+                                            max_neighbours=args.max_neighbours).shape[0]
             except NeighbourServiceError as exc:
                 return kind, None, str(exc)
             return kind, time.perf_counter() - start, out
@@ -341,8 +343,9 @@ def _fill(args) -> None:
         "date": date.today().isoformat(),
         "machine": _machine(load_before),
         "command": "python -m benchmarks.neighbour_load " + " ".join(sys.argv[1:]),
-        "settings": {"service_flags": flags, "runs": args.fill_runs, "dim": args.dim, "tokens_per_submit": args.fill_tokens,
-                     "catalogue_items": args.fill_items, "threads": args.threads},
+        "settings": {"service_flags": flags, "runs": args.fill_runs, "dim": args.dim,
+                     "tokens_per_submit": args.fill_tokens, "catalogue_items": args.fill_items,
+                     "threads": args.threads},
         "max_memory_bytes": limit,
         "service_rss_bytes_at_start": int(rss_start),
         "service_peak_rss_bytes": int(peak),

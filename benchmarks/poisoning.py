@@ -86,7 +86,8 @@ def run_case(cfg, kind: str | None, fraction: float) -> dict:
             return upload
         sent.append((user, rnd))
         coords = sum(np.asarray(a).size for i, a in enumerate(upload) if i != len(upload) - 2)
-        bound = ldp_coordinate_bound(cfg.privacy.clip_delta, cfg.privacy.noise_lambda, coords, PER_CHECK)  # the server's
+        # the server's
+        bound = ldp_coordinate_bound(cfg.privacy.clip_delta, cfg.privacy.noise_lambda, coords, PER_CHECK)
         return attack(kind, upload, bound, cfg.privacy)
 
     out = run_in_process(cfg, log_every=0, tamper=None if kind is None else tamper)
@@ -114,8 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     with input_errors_exit():
         for merge in args.merges:
             cfg = load_config(args.preset, args.dataset or None, [
-                f"data.data_dir={args.data_dir}", f"federation.rounds={args.rounds}", f"federation.eval_every={args.rounds}",
-                f"merge.robust={merge}", *parse_overrides(" ".join(args.set))])
+                f"data.data_dir={args.data_dir}", f"federation.rounds={args.rounds}",
+                f"federation.eval_every={args.rounds}", f"merge.robust={merge}", *parse_overrides(" ".join(args.set))])
             cases = [(None, 0.0)] + [(k, f) for k in args.attacks for f in args.fractions]
             for kind, fraction in cases:
                 t0 = time.time()
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     print(markdown_table(["merge", "attack", "poisoned users", "poisoned uploads", "rejected", "test ratings scored",
                           "RMSE", "vs clean"],
                          [[r["merge"], r["attack"], f"{r['fraction']:.0%}", r["poisoned_uploads"], r["rejected"],
-                           f"{r['eval_ratings']}/{r['test_ratings']}", r["rmse"], f"{r['vs_clean']:+.4f}"] for r in rows]))
+                           f"{r['eval_ratings']}/{r['test_ratings']}", r["rmse"], f"{r['vs_clean']:+.4f}"]
+                          for r in rows]))
 
 
 if __name__ == "__main__":

@@ -38,12 +38,14 @@ def main() -> None:
     results = {}
     for dataset in args.datasets:
         for sampler in SAMPLERS:
-            cfg = load_config(args.preset, dataset, [f"data.data_dir={args.data_dir}", f"privacy.pseudo_sampler={sampler}"])
+            cfg = load_config(args.preset, dataset,
+                              [f"data.data_dir={args.data_dir}", f"privacy.pseudo_sampler={sampler}"])
             t0 = time.time()
             r = registration_popularity_attack(cfg)
             results[f"{dataset}/{sampler}"] = {"dataset": dataset, "sampler": sampler, **r,
                                                "settings": {k: getattr(cfg.privacy, k) for k in (
-                                                   "pseudo_items", "pseudo_ratio", "popularity_bins", "popularity_epsilon")}}
+                                                   "pseudo_items", "pseudo_ratio", "popularity_bins",
+                                                   "popularity_epsilon")}}
             obs, true = r["observed set counts"], r["true training popularity"]
             lift, cosine = r["co-occurrence lift"], r["co-occurrence cosine"]
             print(f"{dataset:8s} {sampler:10s} set {r['mean_set_size']:7.1f} rows | AUC observed {obs['auc']:.3f} "

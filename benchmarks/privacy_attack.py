@@ -36,7 +36,8 @@ def main() -> None:
     settings = {
         "pseudo rows + LDP (default)": (load_config("fedgnn_paper", "synthetic", base), "protected"),
         "pseudo rows, no LDP": (load_config("fedgnn_paper", "synthetic", [*base, "privacy.ldp=false"]), "protected"),
-        "zeros for pseudo rows, no LDP": (load_config("fedgnn_paper", "synthetic", [*base, "privacy.ldp=false"]), "zeros"),
+        "zeros for pseudo rows, no LDP": (load_config("fedgnn_paper", "synthetic", [*base, "privacy.ldp=false"]),
+                                          "zeros"),
     }
     out = {}
     for name, (cfg, mode) in settings.items():
@@ -45,7 +46,8 @@ def main() -> None:
         print(f"{name:32s} max AUC {auc.max():.3f}  " + "  ".join(f"{f}={a:.3f}" for f, a in zip(FEATURES, auc)))
     model_attacks = {}
     for name, extra in (("pseudo rows + LDP (default)", []), ("pseudo rows, no LDP", ["privacy.ldp=false"])):
-        for model_name, model_set in (("paper model (GAT)", []), ("tuned model (GGNN + biases) with public item features",
+        for model_name, model_set in (("paper model (GAT)", []), ("tuned model (GGNN + biases) with "
+                                                                  "public item features",
                                       ["model.gnn=ggnn", "model.biases=true", "data.item_features=true"])):
             auc = model_gradient_auc(load_config("fedgnn_paper", "synthetic", [*base, *extra, *model_set]), args.users)
             model_attacks[f"{name}, {model_name}"] = auc

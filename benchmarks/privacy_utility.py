@@ -100,7 +100,8 @@ def main() -> None:
     ap.add_argument("--preset", default="fedgnn_tuned")
     ap.add_argument("--lambdas", nargs="+", type=float, default=[0.1, 0.2, 0.4])
     ap.add_argument("--epochs", type=int, default=6)
-    ap.add_argument("--uploads", nargs="*", default=[], choices=["delta"], help="also run these local.upload modes at lambda 0.2")
+    ap.add_argument("--uploads", nargs="*", default=[], choices=["delta"],
+                    help="also run these local.upload modes at lambda 0.2")
     ap.add_argument("--out", default="benchmarks/results/privacy_utility.json")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -115,7 +116,8 @@ def main() -> None:
         r = curve(args.preset, dataset, args.data_dir, lam, args.epochs, list(extra))
         runs.append(r)
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "epochs": args.epochs, "runs": runs}, indent=1))
+        out_path.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "epochs": args.epochs, "runs": runs},
+                                       indent=1))
         last = r["points"][-1]
         print(f"{dataset} lambda={lam:g} {' '.join(extra)}: rmse {last['rmse']:.4f} at eps {last['epsilon_tight']:.3g} "
               f"({r['wall_seconds']:.0f}s)", flush=True)
@@ -124,8 +126,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in runs:
         for p in r["points"]:
-            print(f"| {r['dataset']} | {r['noise_lambda']:g} | {' '.join(r['extra']) or 'gradient'} | {p['epochs']:g} | "
-                  f"{p['uploads_median']} | {p['epsilon_tight']:.3g} | {p['rmse']:.4f} |")
+            print(f"| {r['dataset']} | {r['noise_lambda']:g} | {' '.join(r['extra']) or 'gradient'} | {p['epochs']:g} "
+                  f"| {p['uploads_median']} | {p['epsilon_tight']:.3g} | {p['rmse']:.4f} |")
 
 
 if __name__ == "__main__":

@@ -68,13 +68,15 @@ def sample_users(cfg, users: int, device: torch.device):
     """`users` seeded users of the dataset, registered with the preset's sampler, and the server's model."""
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
-    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, num_item_features=meta.num_item_features)
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint,
+                                      num_item_features=meta.num_item_features)
     device_cfg = DeviceSections.from_config(cfg)
     popularity = None
     if cfg.privacy.pseudo_sampler == "popularity":
         reports = [popularity_report(device_cfg, meta, parts.user(u)) for u in range(meta.num_users)]
         popularity = estimate_counts(np.sum(reports, axis=0), len(reports), cfg.privacy.popularity_epsilon)
-    picked = np.sort(np.random.default_rng([cfg.seed, 77]).choice(meta.num_users, min(users, meta.num_users), replace=False))
+    picked = np.sort(np.random.default_rng([cfg.seed, 77]).choice(meta.num_users, min(users, meta.num_users),
+                                                                  replace=False))
     store = MemoryStore()
     model = None
     devices = []
@@ -192,7 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    cfg = load_config(args.preset, args.dataset, [f"data.data_dir={args.data_dir}", *parse_overrides(" ".join(args.set))])
+    cfg = load_config(args.preset, args.dataset,
+                      [f"data.data_dir={args.data_dir}", *parse_overrides(" ".join(args.set))])
     rows = {}
     for name in args.devices:
         device = torch.device(name)
@@ -204,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
         row["real_path"] = real_path_ms(cfg, server, devices, device, args.repeats)
         row["real_over_floor"] = row["real_path"] / row["floor"]
         rows[name] = row
-        print(f"[roofline] {args.preset} {args.dataset} {name}: " + json.dumps({k: round(v, 3) for k, v in row.items()}),
+        print(f"[roofline] {args.preset} {args.dataset} {name}: "
+              + json.dumps({k: round(v, 3) for k, v in row.items()}),
               flush=True)
     doc = {"date": date.today().isoformat(), "machine": f"{platform.machine()} {platform.processor()}".strip(),
            "torch": torch.__version__, "threads": torch.get_num_threads(), "preset": args.preset,
@@ -213,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out or f"benchmarks/results/roofline-{args.preset}-{args.dataset}.json")
     atomic_write(out, json.dumps(doc, indent=1))
     measured = {k: v for k, v in rows.items() if "skipped" not in v}
-    print(markdown_table(["device", "noise", "clip", "pseudo rows", "GNN fwd+bwd", "floor", "real path", "real / floor"],
+    print(markdown_table(["device", "noise", "clip", "pseudo rows", "GNN fwd+bwd", "floor", "real path",
+                          "real / floor"],
                          [[k, v["noise"], v["clip"], v["pseudo"], v["gnn"], v["floor"], v["real_path"],
                            v["real_over_floor"]] for k, v in measured.items()]))
 

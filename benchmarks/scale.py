@@ -2,8 +2,8 @@
 
     python -m benchmarks.scale --users 1000 10000 69878 [--nodes 1000] [--rounds 5]
 
-Synthetic data shaped like ML-10M (10,677 items; mean_degree 180 gives 10.1M ratings at 69,878 users, ~144 per user). Users are
-multiplexed onto at most `--nodes` virtual SuperNodes (simulation.users_per_node =
+Synthetic data shaped like ML-10M (10,677 items; mean_degree 180 gives 10.1M ratings at 69,878 users, ~144 per user).
+Users are multiplexed onto at most `--nodes` virtual SuperNodes (simulation.users_per_node =
 ceil(users / nodes)), so Flower's per-node cost stays that of `--nodes` nodes. Each job:
 registration of every user, `--rounds` training rounds of 128 users (paper preset, privacy on),
 and one evaluation by a fixed 1% sample of users. Peak memory is the machine's used memory
@@ -85,7 +85,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             mem = PeakMemory()
             t0 = time.time()
-            fedrec_run(["--preset", "fedgnn_paper", "--dataset", "synthetic", "--cache-dir", args.cache_dir, "--out", tmp,
+            fedrec_run(["--preset", "fedgnn_paper", "--dataset", "synthetic", "--cache-dir", args.cache_dir,
+                        "--out", tmp,
                       "--set", *overrides])
             wall = time.time() - t0
             peak = mem.stop()
@@ -95,9 +96,10 @@ def main() -> None:
         secs = [r["round_seconds"] for r in train]
         rows.append({
             "users": users, "items": meta.num_items, "train_ratings": meta.num_train, "users_per_node": per_node,
-            "supernodes": -(-users // per_node), "median_round_s": statistics.median(secs[1:] if len(secs) > 2 else secs),
-            "round_s": secs, "registration_s": reg["round_seconds"], "peak_memory_gb": peak / 2**30,
-            "job_wall_s": wall, "data_prep_s": prep, "rmse": doc["final"].get("rmse"),
+            "supernodes": -(-users // per_node),
+            "median_round_s": statistics.median(secs[1:] if len(secs) > 2 else secs), "round_s": secs,
+            "registration_s": reg["round_seconds"], "peak_memory_gb": peak / 2**30, "job_wall_s": wall,
+            "data_prep_s": prep, "rmse": doc["final"].get("rmse"),
             "bytes_up": statistics.mean(r["bytes_up"] for r in train),
         })
         print(json.dumps(rows[-1]), flush=True)
@@ -107,7 +109,8 @@ def main() -> None:
     out = Path(args.out)
     atomic_write(out, json.dumps({"date": date.today().isoformat(), "nodes": args.nodes, "rounds": args.rounds,
                                   "overrides": args.set, "rows": rows}, indent=1))
-    print("| users | SuperNodes x users each | train ratings | median round (s) | vs first | registration (s) | peak memory (GB) | job wall (s) |")
+    print("| users | SuperNodes x users each | train ratings | median round (s) | vs first | registration (s) | peak "
+          "memory (GB) | job wall (s) |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['users']:,} | {r['supernodes']} x {r['users_per_node']} | {r['train_ratings']:,} | "

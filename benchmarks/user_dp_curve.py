@@ -54,7 +54,8 @@ def run_cell(dataset: str, eps: float, rounds: int, seed: int, data_dir: str, ex
             "median_round_seconds": out["median_round_seconds"], "wall_seconds": round(time.time() - started, 1),
             "device_secrets": "fresh: every simulated device drew its own from the OS (a rerun draws anew)",
             "command": "python -m benchmarks.user_dp_curve --data-dir DATA --datasets " + dataset
-                       + f" --epsilons {eps:g} --rounds {rounds} --seed {seed}" + (" --set " + " ".join(extra) if extra else ""),
+                       + f" --epsilons {eps:g} --rounds {rounds} --seed {seed}"
+                       + (" --set " + " ".join(extra) if extra else ""),
             "date": date.today().isoformat()}
 
 

@@ -214,8 +214,8 @@ def main() -> None:
             print(json.dumps(cell), flush=True)
             atomic_write(args.out, json.dumps(doc, indent=1))
     seeds = sorted({c["seed"] for c in doc["cells"]})
-    doc["command"] = (f"python -m benchmarks.user_dp_reach --data-dir DATA --dataset {args.dataset} --rounds {args.rounds} "
-                      f"--seeds {' '.join(map(str, seeds))}")
+    doc["command"] = (f"python -m benchmarks.user_dp_reach --data-dir DATA --dataset {args.dataset} --rounds "
+                      f"{args.rounds} --seeds {' '.join(map(str, seeds))}")
     clean = {c["seed"]: c["rmse"] for c in doc["cells"] if c["direction"] == "none"}
     for c in doc["cells"]:
         if c["direction"] != "none" and c["seed"] in clean and c["rmse"] is not None:

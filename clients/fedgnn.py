@@ -41,8 +41,8 @@ class FedGNNClient(NumPyClient):
     """The users hosted on one node; `load_user(u)` gives a user's data, `store` their saved states."""
 
     def __init__(self, cfg: AppConfig, meta: PartitionMeta, user_ids: list[int], load_user: Callable[[int], UserData],
-                 store: UserStore, device: torch.device | None = None, *, secret: DeviceSecret, terms: DeviceTerms | None = None,
-                 neighbour_service: str | None = None, neighbour_ca: str = ""):
+                 store: UserStore, device: torch.device | None = None, *, secret: DeviceSecret,
+                 terms: DeviceTerms | None = None, neighbour_service: str | None = None, neighbour_ca: str = ""):
         """`secret`: the device's own (`client_app.device_secret`), never the run config's; `terms`: what the device
         computed for itself about a user-DP run (q and its noise share; required in that mode); `neighbour_service`:
         the only neighbour-service address a deployed device contacts (its node config; "" none), or None in a
@@ -57,7 +57,8 @@ class FedGNNClient(NumPyClient):
         self.terms = terms
         self.mode = privacy_mode(cfg.privacy.mode).device(cfg.privacy)  # what the users protect and upload, and how
         self.device = device or torch.device("cpu")
-        self.model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one copy, shared by the hosted users in turn
+        # one copy, shared by the hosted users in turn
+        self.model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
 
     def _user(self, u: int) -> FedGNNUser:
         if u not in self._hosted:
@@ -83,7 +84,8 @@ class FedGNNClient(NumPyClient):
             popularity = published_popularity(parameters, self.meta.num_items)
             users = [self._user(u) for u in self.user_ids]
             sets = [u.register(popularity) for u in users]
-            return frame_registration(self.user_ids, sets, [u.registered_test_count for u in users]), len(users), {"phase": rc.phase}
+            return frame_registration(self.user_ids, sets,
+                                      [u.registered_test_count for u in users]), len(users), {"phase": rc.phase}
         if rc.phase in (PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH):
             if rc.expansion is None:
                 raise ValueError(f"phase {rc.phase} without a neighbour-service link in the server config")
@@ -91,7 +93,8 @@ class FedGNNClient(NumPyClient):
                                            rc.phase == PHASE_EXPAND_FETCH, rc.round) for u in self.user_ids]
             return [], len(counts), {"phase": rc.phase, "neighbours": int(sum(counts)), "users": len(counts)}
         if rc.phase == PHASE_EVALUATE_SUM:
-            return self.mode.evaluation_sum_reply(self._user, self.user_ids, parameters, rc, self.num_weights, self.terms)
+            return self.mode.evaluation_sum_reply(self._user, self.user_ids, parameters, rc, self.num_weights,
+                                                  self.terms)
         return self.mode.train_reply(self._user, self.user_ids, parameters, rc, self.num_weights,
                                      self.cfg.simulation.user_batch, self.terms)
 
@@ -103,8 +106,10 @@ class FedGNNClient(NumPyClient):
         if rc.expansion is None and not rc.refresh_neighbours:
             return
         if not self.mode.expands_graph:
-            raise ValueError("this privacy mode does no graph expansion; the round's config carries a neighbour-service link")
-        if self.neighbour_service is not None and (rc.expansion is None or rc.expansion.address != self.neighbour_service):
+            raise ValueError("this privacy mode does no graph expansion; the round's config carries a "
+                             "neighbour-service link")
+        if self.neighbour_service is not None and (rc.expansion is None
+                                                   or rc.expansion.address != self.neighbour_service):
             raise ValueError("the server points this device at another neighbour service than the one its node config "
                              "names (neighbour-service)")
         if self.neighbour_service is not None and not self.device_cfg.ca_file:

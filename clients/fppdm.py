@@ -1,8 +1,8 @@
 """FPPDM client: one domain (cross-silo) holding its whole user-item graph and a Gaussian LightGCN.
 
 Only the domain's users' Gaussians (mu, sigma) leave it (`fedrec_flwr.fppdm.protocol`: the message
-layouts); item parameters and interactions stay. Each round it trains `fppdm.training.local_epochs` epochs of the Wasserstein metric loss plus
-lambda_P * W2^2(local user, global user) towards the barycenters the server sent back.
+layouts); item parameters and interactions stay. Each round it trains `fppdm.training.local_epochs` epochs of the
+Wasserstein metric loss plus lambda_P * W2^2(local user, global user) towards the barycenters the server sent back.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ class FPPDMDomainClient(NumPyClient):
         # the run's value bounds: the model clamps its outputs to them, the server checks them on every upload, and
         # the domain checks every barycenter it is sent against them
         self.max_abs_mu, self.max_sigma = value_bounds(f.server, f.training.margin)
-        self.trainer = DomainTrainer(DomainData(domain), domain_index, f.model, f.training, f.coclustering, cfg.seed, device,
-                                     (self.max_abs_mu, self.max_sigma))
+        self.trainer = DomainTrainer(DomainData(domain), domain_index, f.model, f.training, f.coclustering, cfg.seed,
+                                     device, (self.max_abs_mu, self.max_sigma))
         self.evaluation = f.evaluation
         self.gaussian = f.model.gaussian
         self.store = store
@@ -84,7 +84,8 @@ class FPPDMDomainClient(NumPyClient):
             g_mu, g_sigma = decrypt_barycenters(self.keys, self.packer, down.ciphertexts, counts, dim)
         else:
             ids, g_mu, g_sigma = split_gaussians(parameters)
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or not np.isin(ids, self.trainer.data.global_ids).all():
+        if (ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer)
+                or not np.isin(ids, self.trainer.data.global_ids).all()):
             raise ValueError("download: user ids are not a 1-D integer array of this domain's own users")
         if np.shape(g_mu) != (ids.size, dim) or np.shape(g_sigma) != (ids.size, dim):
             raise ValueError(f"download: mu {np.shape(g_mu)} / sigma {np.shape(g_sigma)}, expected {(ids.size, dim)}")

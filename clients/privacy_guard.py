@@ -86,7 +86,8 @@ class DeviceTerms:
             return self.q, self.noise_multiplier
         if phase == PHASE_EVALUATE_SUM:
             return 1.0, self.eval_noise_multiplier
-        raise PolicyRefusal(f"a secure round of phase {phase!r}: this device sums training updates and evaluations only")
+        raise PolicyRefusal(f"a secure round of phase {phase!r}: this device sums training updates and "
+                            f"evaluations only")
 
     def clipping_range_of(self, phase: str) -> float:
         """The SecAgg+ clipping range an honest server sets for a round of `phase`."""
@@ -167,7 +168,8 @@ def privacy_guard(terms_of: Callable[[Context], DeviceTerms], clock: Callable[[]
             _record(context, "pending", [])  # a pending charge of an earlier round stays charged in full
             _record(context, "setup_range", _check_setup(configs, terms))
         elif stage == Stage.SHARE_KEYS:
-            _admit_count(sum(1 for k in configs if k != Key.STAGE), terms.floor, "nodes exchanging keys")  # one per node
+            # one per node
+            _admit_count(sum(1 for k in configs if k != Key.STAGE), terms.floor, "nodes exchanging keys")
         elif stage == Stage.COLLECT_MASKED_VECTORS:
             started = clock()
             _admit_count(len(configs[Key.CIPHERTEXT_LIST]) + 1, terms.floor, "nodes sending masked vectors")
@@ -240,7 +242,8 @@ def _check_setup(configs, terms: DeviceTerms) -> float:
     got = float(configs[Key.CLIPPING_RANGE])
     if not any(math.isclose(got, want, rel_tol=1e-9) for want in (terms.clipping_range, terms.eval_clipping_range)):
         raise PolicyRefusal(f"SecAgg+ setup {Key.CLIPPING_RANGE} = {got:g}, neither the {terms.clipping_range:g} of a "
-                            f"training round nor the {terms.eval_clipping_range:g} of an evaluation this device computes")
+                            f"training round nor the {terms.eval_clipping_range:g} of an evaluation this "
+                            f"device computes")
     return got
 
 

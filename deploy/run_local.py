@@ -255,8 +255,9 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
             run_set += [f"expansion.service_address=127.0.0.1:{service}", f"expansion.ca_file={certs / 'ca.crt'}",
                         f"expansion.service_token_file={token_file}"]
         with Phase(algorithm, "per-node data files"):
-            dep.run("node data", [sys.executable, "-m", "fedrec_flwr.deployment.node_data", "--preset", preset, "--dataset",
-                                  dataset, "--out", str(data), "--cache-dir", str(work / "cache"), "--set", *data_set])
+            dep.run("node data", [sys.executable, "-m", "fedrec_flwr.deployment.node_data", "--preset", preset,
+                                  "--dataset", dataset, "--out", str(data), "--cache-dir", str(work / "cache"), "--set",
+                                  *data_set])
         missing = [f for f in files if not f.is_file()]
         if missing:
             raise DeployError(f"node data export did not write {missing}")
@@ -265,9 +266,11 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
         registered = [*range(nodes), nodes + 1]  # the operator registers each device's public key, not node `nodes`
         with Phase(algorithm, f"registering {len(registered)} node keys"), ThreadPoolExecutor(len(registered)) as pool:
             replies = pool.map(lambda i: dep.run(f"registering node {i}", [
-                str(BIN / "flwr"), "supernode", "register", str(certs / f"node-{i}.pub"), "deploy", "--format", "json"]),
+                str(BIN / "flwr"), "supernode", "register", str(certs / f"node-{i}.pub"), "deploy", "--format",
+                "json"]),
                 registered)
-            node_ids = {i: int(json.loads(reply[reply.index("{"):])["node-id"]) for i, reply in zip(registered, replies)}
+            node_ids = {i: int(json.loads(reply[reply.index("{"):])["node-id"])
+                        for i, reply in zip(registered, replies)}
         if per_user:  # the operator's node list: device i speaks for user i; the impostor for nobody
             node_list = work / "node-list.json"
             node_list.write_text(json.dumps({str(node_ids[i]): [i] for i in range(nodes)}))
@@ -313,8 +316,8 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
         impostor = [r["reason"] for r in results.get("rejections", []) if "not assigned to node" in r["reason"]]
         rogue = f"{algorithm}-supernode-{nodes}"
         devices_exited = {n: tail for n, tail in dep.exited(f"{algorithm}-supernode-").items() if n != rogue}
-        results["deploy"] = {"rogue_node_refused": refused, "rogue_log_tail": rogue_log[-600:], "impostor_refused": impostor,
-                             "devices_exited": devices_exited,
+        results["deploy"] = {"rogue_node_refused": refused, "rogue_log_tail": rogue_log[-600:],
+                             "impostor_refused": impostor, "devices_exited": devices_exited,
                              "supernode_list": listing[-3000:], "results_file": str(out / "results.json")}
         return results
     finally:
@@ -373,7 +376,8 @@ def main() -> None:
         summary[algorithm] = {"final": results[algorithm]["final"], **results[algorithm]["deploy"]}
         print(f"[deploy] {algorithm}: {json.dumps(summary[algorithm]['final'])}", flush=True)
     (work / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps({a: {"final": s["final"], "rogue_node_refused": s["rogue_node_refused"]} for a, s in summary.items()}))
+    print(json.dumps({a: {"final": s["final"], "rogue_node_refused": s["rogue_node_refused"]}
+                      for a, s in summary.items()}))
 
 
 if __name__ == "__main__":

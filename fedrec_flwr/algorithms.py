@@ -35,13 +35,15 @@ class Algorithm:
 
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "fedgnn": Algorithm("fedgnn", "fedrec_flwr.flower.server_app:fedgnn_components", "fedrec_flwr.flower.client_app:fedgnn_client",
-                        "fedrec_flwr.flower.federation_size:user_nodes", "fedrec_flwr.deployment.node_data:export_users",
-                        "fedrec_flwr.cli.preflight:fedgnn_preflight", privacy_modes=True),
-    "fppdm": Algorithm("fppdm", "fedrec_flwr.flower.server_app:fppdm_components", "fedrec_flwr.flower.client_app:fppdm_client",
-                       "fedrec_flwr.flower.federation_size:domain_nodes", "fedrec_flwr.deployment.node_data:export_domains",
-                       "fedrec_flwr.cli.preflight:fppdm_preflight"),
-    "trivial": Algorithm("trivial", "fedrec_flwr.flower.server_app:trivial_components", "fedrec_flwr.flower.client_app:trivial_client",
+    "fedgnn": Algorithm("fedgnn", "fedrec_flwr.flower.server_app:fedgnn_components",
+                        "fedrec_flwr.flower.client_app:fedgnn_client", "fedrec_flwr.flower.federation_size:user_nodes",
+                        "fedrec_flwr.deployment.node_data:export_users", "fedrec_flwr.cli.preflight:fedgnn_preflight",
+                        privacy_modes=True),
+    "fppdm": Algorithm("fppdm", "fedrec_flwr.flower.server_app:fppdm_components",
+                       "fedrec_flwr.flower.client_app:fppdm_client", "fedrec_flwr.flower.federation_size:domain_nodes",
+                       "fedrec_flwr.deployment.node_data:export_domains", "fedrec_flwr.cli.preflight:fppdm_preflight"),
+    "trivial": Algorithm("trivial", "fedrec_flwr.flower.server_app:trivial_components",
+                         "fedrec_flwr.flower.client_app:trivial_client",
                          "fedrec_flwr.flower.federation_size:user_nodes"),
 }
 

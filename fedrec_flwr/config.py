@@ -161,7 +161,8 @@ class PrivacyConfig:
     eval_budget_share: float = ranged(0.1, Range(0, 1, open_low=True, open_high=True, text="0 < share < 1"))
     eval_max_ratings: int = ranged(10, _AT_LEAST_ONE)
 
-    pseudo_items: int = ranged(1000, _NON_NEGATIVE)  # M: the uniform sampler draws max(M, K) pseudo items for K own items
+    # M: the uniform sampler draws max(M, K) pseudo items for K own items
+    pseudo_items: int = ranged(1000, _NON_NEGATIVE)
     # "uniform": pseudo items uniformly among the unrated items (the paper); "popularity": in every
     # popularity stratum `pseudo_ratio` pseudo items per own item, from a popularity the users report
     # under LDP before registration (fedrec_flwr.privacy.popularity)
@@ -172,7 +173,8 @@ class PrivacyConfig:
     ldp: bool = True
     clip_delta: float = ranged(0.1, _NON_NEGATIVE)
     noise_lambda: float = ranged(0.2, _NON_NEGATIVE)  # and > 0 when privacy.ldp (checked in _validate)
-    delta: float = ranged(1e-5, Range(0, 1, open_low=True, open_high=True, text="0 < delta < 1"))  # the delta at which the accounted (epsilon, delta) budgets are reported
+    # the delta at which the accounted (epsilon, delta) budgets are reported
+    delta: float = ranged(1e-5, Range(0, 1, open_low=True, open_high=True, text="0 < delta < 1"))
 
 
 @dataclass
@@ -181,10 +183,13 @@ class FederationConfig:
 
     rounds: int = ranged(30, _AT_LEAST_ONE)
     clients_per_round: int = ranged(128, _AT_LEAST_ONE)
-    min_clients: int = ranged(2, _AT_LEAST_ONE)  # a round with fewer accepted updates leaves the model unchanged; and <= clients_per_round (checked in _validate)
+    # a round with fewer accepted updates leaves the model unchanged; and <= clients_per_round (checked in _validate)
+    min_clients: int = ranged(2, _AT_LEAST_ONE)
     eval_every: int = ranged(5, _AT_LEAST_ONE)
-    round_timeout: float = ranged(0.0, _NON_NEGATIVE)  # seconds a round waits for replies (0: no limit); late clients count as failures; 0: no limit
-    eval_fraction: float = ranged(1.0, Range(0, 1, open_low=True, text="0 < fraction <= 1 (some users must evaluate)"))  # share of users (seeded sample) that evaluate; 1.0: every user
+    # seconds a round waits for replies (0: no limit); late clients count as failures; 0: no limit
+    round_timeout: float = ranged(0.0, _NON_NEGATIVE)
+    # share of users (seeded sample) that evaluate; 1.0: every user
+    eval_fraction: float = ranged(1.0, Range(0, 1, open_low=True, text="0 < fraction <= 1 (some users must evaluate)"))
 
 
 @dataclass
@@ -200,7 +205,8 @@ class LocalTrainingConfig:
     batch_size: int = ranged(64, _AT_LEAST_ONE)
     loss: str = "mean"  # uploaded gradients of the "mean" or "sum" of squared errors over the mini-batch
     user_lr: float = ranged(0.01, _POSITIVE)  # SGD rate of the private user embedding
-    user_steps: int = ranged(1, _AT_LEAST_ONE)  # SGD steps on the private user embedding per round (>= 1; no privacy cost)
+    # SGD steps on the private user embedding per round (>= 1; no privacy cost)
+    user_steps: int = ranged(1, _AT_LEAST_ONE)
 
 
 @dataclass
@@ -240,10 +246,12 @@ class SimulationConfig:
     # (fedrec_flwr.fedgnn.local_step; the same numbers as one at a time, up to float rounding); 1: one at a time
     user_batch: int = ranged(32, _AT_LEAST_ONE)
     num_cpus: float = ranged(1.0, _NON_NEGATIVE)  # Ray resources per ClientApp
-    num_gpus: float = ranged(0.0, _NON_NEGATIVE)  # fractional GPU per ClientApp; > 0 moves models and batches to CUDA; may exceed 1: several GPUs per ClientApp
+    # fractional GPU per ClientApp; > 0 moves models and batches to CUDA; may exceed 1: several GPUs per ClientApp
+    num_gpus: float = ranged(0.0, _NON_NEGATIVE)
     device: str = "auto"  # "auto": cuda when num_gpus > 0 and a GPU is visible, else cpu; or "cpu"/"cuda"
     # false: the ServerApp drops Flower's own INFO lines of every round and its end-of-run History dump
-    # (fedrec_flwr.reporting.logs), leaving one `[fedgnn]` / `[fppdm]` line per round; true: show them (also in a deployment)
+    # (fedrec_flwr.reporting.logs), leaving one `[fedgnn]` / `[fppdm]` line per round; true: show them (also in a
+    # deployment)
     flower_logs: bool = False
     # the simulated devices' secrets, the source of every privacy draw: "" (default) each simulated device draws
     # its own from the OS, fresh every run; a file path (64 hex characters, mode 600; created if missing): every
@@ -256,11 +264,12 @@ class SimulationConfig:
 class DeploymentConfig:
     """A real federation: which authenticated SuperNode may speak for which user or domain."""
 
-    # JSON file {node id: [user ids]} (FedGNN) or {node id: [domain index]} (FPPDM) written by the operator from the node ids that
-    # `flwr supernode register --format json` printed; nodes not listed register nobody
+    # JSON file {node id: [user ids]} (FedGNN) or {node id: [domain index]} (FPPDM) written by the operator from the
+    # node ids that `flwr supernode register --format json` printed; nodes not listed register nobody
     node_list: str = ""
     min_nodes: int = ranged(0, _NON_NEGATIVE)  # registration waits for this many SuperNodes (devices connect over time)
-    node_wait_seconds: float = ranged(300.0, _NON_NEGATIVE)  # how long round 1 waits for the expected SuperNodes before failing
+    # how long round 1 waits for the expected SuperNodes before failing
+    node_wait_seconds: float = ranged(300.0, _NON_NEGATIVE)
 
 
 @dataclass
@@ -268,7 +277,8 @@ class FaultConfig:
     """Failure injection (off by default): per sampled node and training round, seeded."""
 
     crash: float = ranged(0.0, _PROBABILITY)  # probability that the node's fit raises (client crash)
-    straggle: float = ranged(0.0, _PROBABILITY)  # probability that the node replies only after `straggle_seconds` (a timeout)
+    # probability that the node replies only after `straggle_seconds` (a timeout)
+    straggle: float = ranged(0.0, _PROBABILITY)
     straggle_seconds: float = ranged(30.0, _NON_NEGATIVE)
     malformed: float = ranged(0.0, _PROBABILITY)  # probability that the node uploads NaN gradients (must be rejected)
 
@@ -312,7 +322,9 @@ class ExpansionConfig:
     """Privacy-preserving graph expansion with neighbour users."""
 
     mode: str = "none"
-    epoch: int = ranged(2, _NON_NEGATIVE)  # T: expansion runs after T epochs (epoch = users / clients_per_round rounds); 0: expand right after registration, before any training round
+    # T: expansion runs after T epochs (epoch = users / clients_per_round rounds); 0: expand right after registration,
+    # before any training round
+    epoch: int = ranged(2, _NON_NEGATIVE)
     max_neighbours: int = ranged(10, _NON_NEGATIVE)  # N
     # fixed mode: every user re-expands (submits its current embedding, fetches its neighbours' current ones) every
     # this many training rounds after the first expansion; 0: the neighbours stay as fetched at the first
@@ -353,7 +365,8 @@ class FPPDMTrainingConfig:
     """A domain's local training each round: Adam on the W2 metric loss plus the pull to the global users."""
 
     lr: float = ranged(0.001, _POSITIVE)  # Adam's learning rate
-    batch_size: int = ranged(256, _AT_LEAST_ONE)  # training interactions per step (each step propagates the graph around them)
+    # training interactions per step (each step propagates the graph around them)
+    batch_size: int = ranged(256, _AT_LEAST_ONE)
     local_epochs: int = ranged(5, _AT_LEAST_ONE)  # passes over the domain's interactions per round
     margin: float = ranged(1.0, _POSITIVE)  # hinge margin between W2(user, positive) and W2(user, negative)
     lambda_p: float = ranged(0.05, _NON_NEGATIVE)  # weight of W2(local user, global user)
@@ -366,7 +379,8 @@ class FPPDMTrainingConfig:
 class CoClusteringConfig:
     """FPPDM++: compactness co-clustering of a domain's users, and the weight of its loss."""
 
-    lambda_c: float = ranged(0.0, _NON_NEGATIVE)  # weight of W2(user, its cluster); 0 disables co-clustering (plain FPPDM); 0 disables co-clustering
+    # weight of W2(user, its cluster); 0 disables co-clustering (plain FPPDM); 0 disables co-clustering
+    lambda_c: float = ranged(0.0, _NON_NEGATIVE)
     clusters: int = ranged(15, _AT_LEAST_ONE)  # M: eigenvectors kept and clusters formed
     knn: int = ranged(10, _AT_LEAST_ONE)  # neighbours per user in the sparse similarity S
     epsilon: float = ranged(0.05, _POSITIVE)  # entropy regulariser of S
@@ -379,7 +393,8 @@ class SecureAggregationConfig:
 
     enabled: bool = False
     key_file: str = ""  # the domains' shared Paillier key pair (JSON); never read by the server
-    key_bits: int = ranged(2048, Range(512))  # modulus size; the server checks ciphertext widths against it; shorter Paillier moduli are factored quickly
+    # modulus size; the server checks ciphertext widths against it; shorter Paillier moduli are factored quickly
+    key_bits: int = ranged(2048, Range(512))
 
 
 @dataclass
@@ -581,7 +596,8 @@ def _dataset_file_layers(path: Path, algorithm: str) -> list[Layer]:
         raise ConfigError(f"{source}: key 'algorithms' maps algorithm names {tuple(ALGORITHMS)} to settings; "
                           f"got {unknown}")
     for name, section in sections.items():  # every section must fit the config, whichever algorithm runs
-        _merge(_merge(OmegaConf.structured(AppConfig), layer, source), section, f"{source}, section 'algorithms.{name}'")
+        _merge(_merge(OmegaConf.structured(AppConfig), layer, source), section,
+               f"{source}, section 'algorithms.{name}'")
     own = sections.get(algorithm)
     return [(source, layer)] + ([(f"{source}, section 'algorithms.{algorithm}'", own)] if own is not None else [])
 
@@ -605,7 +621,8 @@ def config_layers(preset: str = "fedgnn_paper", dataset: str | None = None, over
         layers.append(("--dataset", OmegaConf.create({"data": {"name": dataset}})))
     dataset = dataset or merged.data.name  # no dataset given: the preset's own default
     if dataset:
-        file_layers = [layer for path in dataset_conf_paths(dataset) for layer in _dataset_file_layers(path, merged.algorithm)]
+        file_layers = [layer for path in dataset_conf_paths(dataset)
+                       for layer in _dataset_file_layers(path, merged.algorithm)]
         for name in lineage:  # a preset inherits its bases' dataset settings, its own win
             path = preset_dataset_conf_path(name, dataset)
             if path.is_file():
@@ -660,8 +677,8 @@ def _validate(cfg: AppConfig) -> None:
                           "service's submissions are not checkpointed); use 'fixed' or 'none'")
     if cfg.expansion.refresh_every and cfg.expansion.mode != "fixed":
         raise ConfigError(f"config key 'expansion.refresh_every' = {cfg.expansion.refresh_every} re-expands fixed "
-                          f"neighbours; expansion.mode = {cfg.expansion.mode!r} (trainable refreshes every round a user "
-                          "trains); set expansion.mode = fixed or refresh_every = 0")
+                          f"neighbours; expansion.mode = {cfg.expansion.mode!r} (trainable refreshes every round a "
+                          "user trains); set expansion.mode = fixed or refresh_every = 0")
     if cfg.model.user_offset_init != "zero" and not cfg.model.user_offset:
         raise ConfigError(f"config key 'model.user_offset_init' = {cfg.model.user_offset_init!r} needs "
                           "model.user_offset = true (there is no private offset to start otherwise)")

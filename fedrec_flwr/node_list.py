@@ -39,7 +39,8 @@ def load_node_list(path: str | Path, num_ids: int) -> dict[int, frozenset[int]]:
         raise NodeListError(f"{where}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}); "
                             f"{expected}") from None
     except json.JSONDecodeError as exc:
-        raise NodeListError(f"{where}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); {expected}") from None
+        raise NodeListError(f"{where}: not JSON (line {exc.lineno}, column {exc.colno}: "
+                            f"{exc.msg}); {expected}") from None
     except OSError as exc:
         raise NodeListError(f"{where}: cannot be read ({exc.strerror}); {expected}") from None
     if not isinstance(raw, _Pairs):

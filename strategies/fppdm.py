@@ -64,7 +64,8 @@ class WassersteinBarycenterStrategy(Strategy):
         """Every `eval_every` rounds and at the end, all domains evaluate."""
         if not self.rounds.is_eval_round(server_round):
             return []
-        return [(c, EvaluateIns(ndarrays_to_parameters([]), {"round": server_round})) for c in client_manager.all().values()]
+        return [(c, EvaluateIns(ndarrays_to_parameters([]), {"round": server_round}))
+                for c in client_manager.all().values()]
 
     @records_failure
     def aggregate_evaluate(self, server_round, results, failures):

@@ -33,8 +33,8 @@ def pyg_local_step(
     """The paper's LocalGradCal on one user with PyG's layers; dropout masks from torch's global generator.
 
     Returns the model gradients, the gradient rows of the rated items, the updated user embedding,
-    the training loss and the updated private offset (a `LocalStep`). Gradients are averaged over `local.steps` mini-batches; the user
-    embedding takes a plain SGD step after each one, then `user_steps - 1` more on all the
+    the training loss and the updated private offset (a `LocalStep`). Gradients are averaged over `local.steps`
+    mini-batches; the user embedding takes a plain SGD step after each one, then `user_steps - 1` more on all the
     user's ratings, and stays on the device. With "delta" uploads each step also moves a local
     copy of the model and of the rated items' rows by SGD at `local.lr` on the (`local.loss`-scaled)
     gradient clipped to the upload's clip bound, so later steps see the user's own progress and no
@@ -46,7 +46,8 @@ def pyg_local_step(
     model = ready(model, device, training=True)
     if data.train_items.size == 0:  # nothing to learn from: zero gradients, which LDP then noises like any upload
         zeros = [np.zeros(tuple(p.shape), np.float32) for p in model.parameters()]
-        return LocalStep(zeros, np.zeros((0, item_rows.shape[1]), np.float32), state.embedding.copy(), 0.0, state.offset)
+        return LocalStep(zeros, np.zeros((0, item_rows.shape[1]), np.float32), state.embedding.copy(), 0.0,
+                         state.offset)
     pos = np.searchsorted(state.anonymity_ids, data.train_items)
     items_x = torch.tensor(item_rows[pos], device=device, requires_grad=True)
     features = _features_of(data, data.train_items, device)
@@ -88,7 +89,8 @@ def pyg_local_step(
         losses.append(loss.item())
     for _ in range(cfg.local.user_steps - 1):  # extra private steps: personalisation costs no privacy
         pred, _ = model(batch, user_x, model.item_input(items_x, features).detach(), None, neigh_x)
-        g_user, *g_off = torch.autograd.grad(torch.mean((pred + offset - targets) ** 2), [user_x, *([offset] if private else [])])
+        g_user, *g_off = torch.autograd.grad(torch.mean((pred + offset - targets) ** 2),
+                                             [user_x, *([offset] if private else [])])
         with torch.no_grad():
             user_x -= cfg.local.user_lr * g_user
             if private:
@@ -105,7 +107,8 @@ def pyg_local_step(
 
 
 
-def oracle_uploads(users, weights: list[np.ndarray], rows: list[np.ndarray], server_round: int) -> list[list[np.ndarray]]:
+def oracle_uploads(users, weights: list[np.ndarray], rows: list[np.ndarray],
+                   server_round: int) -> list[list[np.ndarray]]:
     """Each user's upload as the PyG step gives it alone: its round stream, dropout masks seeded from it
     through torch's global generator, the PyG step, then the product's own protection."""
     from fedrec_flwr.fedgnn.local_step import protected_upload

@@ -19,7 +19,8 @@ def test_one_coordinate_is_the_papers_epsilon_and_tight_is_the_laplace_rdp_bound
     import dp_accounting
     from dp_accounting.pld import pld_privacy_accountant
 
-    assert epsilon_per_coordinate(0.1, 0.2) == pytest.approx(1.0) and epsilon_per_coordinate(0.05, 0.5) == pytest.approx(0.2)
+    assert (epsilon_per_coordinate(0.1, 0.2) == pytest.approx(1.0)
+            and epsilon_per_coordinate(0.05, 0.5) == pytest.approx(0.2))
     for clip, noise, delta in ((0.1, 0.2, 1e-5), (0.1, 0.2, 1e-9), (0.05, 0.3, 1e-6)):
         for m in (1, 2, 10, 100, 1000, 10**6):
             assert tight_epsilon(clip, noise, m, delta) == pytest.approx(ldp_epsilon(clip, noise, m, delta), rel=1e-9)

@@ -53,12 +53,14 @@ def _users(tmp_path, gnn: str, extra: list[str]):
 def _uploads(tmp_path, gnn: str, extra: list[str], batch: int | None):
     """24 users' uploads and states after one round, in batches of `batch` (None: through the PyG oracle)."""
     users, weights, rows, store = _users(tmp_path, gnn, extra)
-    uploads = oracle_uploads(users, weights, rows, 3) if batch is None else train_users(users, weights, rows, 3, None, batch)
+    uploads = oracle_uploads(users, weights, rows, 3) if batch is None else train_users(users, weights, rows, 3,
+                                                                                        None, batch)
     return uploads, [(st.embedding, st.offset) for st in (store.states[u.user] for u in users)]
 
 
 @pytest.mark.parametrize("gnn", ["gat", "gcn", "ggnn"])
-@pytest.mark.parametrize("extra", [[], DELTA, ITEM_BIAS], ids=["gradient", "delta-offset-features", "item-bias-mean-offset"])
+@pytest.mark.parametrize("extra", [[], DELTA, ITEM_BIAS],
+                         ids=["gradient", "delta-offset-features", "item-bias-mean-offset"])
 def test_evaluation_scores_what_the_pyg_forward_predicts(tmp_path, gnn, extra):
     """A device scores its test ratings through the dense star (no PyG import on the device); PyG's message passing
     on the same star graph gives the same error sums, with neighbours, item biases and features, and for a user
@@ -81,7 +83,8 @@ def test_evaluation_scores_what_the_pyg_forward_predicts(tmp_path, gnn, extra):
 
 
 @pytest.mark.parametrize("gnn", ["gat", "gcn", "ggnn"])
-@pytest.mark.parametrize("extra", [[], DELTA, ITEM_BIAS], ids=["gradient", "delta-offset-features", "item-bias-mean-offset"])
+@pytest.mark.parametrize("extra", [[], DELTA, ITEM_BIAS],
+                         ids=["gradient", "delta-offset-features", "item-bias-mean-offset"])
 def test_batched_users_upload_what_the_pyg_oracle_gives_each_alone(tmp_path, gnn, extra):
     oracle, states_oracle = _uploads(tmp_path, gnn, extra, None)
     for batch in (1, 16):
@@ -100,8 +103,9 @@ def test_batched_users_upload_what_the_pyg_oracle_gives_each_alone(tmp_path, gnn
 
 def test_a_run_with_sixteen_users_per_batch_matches_one_at_a_time(tmp_path):
     def run(batch: int):
-        cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "privacy.pseudo_sampler=uniform", "model.dim=8", "federation.rounds=4",
-                                               "federation.eval_every=4", "federation.clients_per_round=48",
+        cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "privacy.pseudo_sampler=uniform",
+                                               "model.dim=8", "federation.rounds=4", "federation.eval_every=4",
+                                               "federation.clients_per_round=48",
                                                f"simulation.device_secrets={fixed_secrets(tmp_path)}",
                                                f"simulation.user_batch={batch}"])
         return run_in_process(cfg, log_every=0)["rmse"]

@@ -31,9 +31,11 @@ def test_the_centralized_reference_scores_every_test_rating_cold_users_and_items
     users, items = keys // 30, keys % 30
     values = rng.integers(1, 6, users.size).astype(np.float32)
     test = np.arange(users.size) % 5 == 0
-    cold = Ratings(np.array([20, 20, 3]), np.array([1, 2, 30]), np.array([4.0, 2.0, 5.0], np.float32))  # user 20, item 30
+    # user 20, item 30
+    cold = Ratings(np.array([20, 20, 3]), np.array([1, 2, 30]), np.array([4.0, 2.0, 5.0], np.float32))
     ds = RatingDataset("tiny", 21, 31, RatingScale(1.0, 5.0, 1.0), Ratings(users[~test], items[~test], values[~test]),
-                       Ratings(np.r_[users[test], cold.users], np.r_[items[test], cold.items], np.r_[values[test], cold.values]))
+                       Ratings(np.r_[users[test], cold.users], np.r_[items[test], cold.items],
+                               np.r_[values[test], cold.values]))
     cfg = load_config("fedgnn_paper", "synthetic", [f"output_dir={tmp_path}", "model.dim=8"])
     out = CentralizedTrainer(cfg, ds).evaluate()
     assert out["eval_ratings"] == out["test_ratings"] == len(ds.test) and np.isfinite(out["rmse"])
@@ -46,7 +48,8 @@ def test_baselines_are_scored_on_the_same_users_as_a_sampled_evaluation():
     from fedrec_flwr.data import RatingDataset, Ratings, RatingScale
     from fedrec_flwr.reference.baselines import baseline_rmses, baselines_on_users
 
-    train = Ratings(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 0, 1, 0]), np.array([5.0, 4.0, 1.0, 2.0, 3.0], np.float32))
+    train = Ratings(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 0, 1, 0]),
+                    np.array([5.0, 4.0, 1.0, 2.0, 3.0], np.float32))
     test = Ratings(np.array([0, 1, 2]), np.array([2, 2, 1]), np.array([5.0, 1.0, 3.0], np.float32))
     ds = RatingDataset("tiny", 3, 3, RatingScale(1.0, 5.0, 1.0), train, test)
     rmses, scored = baselines_on_users(ds, [0])

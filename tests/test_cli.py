@@ -125,8 +125,10 @@ def test_baselines_summary_and_plot(tmp_path, capsys, monkeypatch):
     (run / "results.json").write_text(json.dumps({
         "algorithm": "fedgnn", "dataset": "synthetic", "status": "finished", "wall_seconds": 1.0,
         "final": {"rmse": 0.9, "eval_ratings": 10, "test_ratings": 10},
-        "rounds": [{"round": 2, "phase": "train", "rmse": 1.0, "round_seconds": 0.5, "bytes_up": 1.0, "bytes_down": 1.0},
-                   {"round": 3, "phase": "train", "rmse": 0.9, "round_seconds": 0.5, "bytes_up": 1.0, "bytes_down": 1.0}]}))
+        "rounds": [{"round": 2, "phase": "train", "rmse": 1.0, "round_seconds": 0.5, "bytes_up": 1.0,
+                    "bytes_down": 1.0},
+                   {"round": 3, "phase": "train", "rmse": 0.9, "round_seconds": 0.5, "bytes_up": 1.0,
+                    "bytes_down": 1.0}]}))
     main(["summary", str(run)])
     assert "test ratings scored: 10 of the split's 10" in capsys.readouterr().out
     main(["plot", str(run)])

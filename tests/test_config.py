@@ -88,7 +88,8 @@ def test_fault_probabilities_are_checked():
     ("server_opt.lr_decay=0", "'server_opt.lr_decay' = 0.0; expected 0 < decay <= 1"),
     ("server_opt.lr_decay=1.5", "'server_opt.lr_decay' = 1.5; expected 0 < decay <= 1"),
     ("server_opt.item_weight_decay=-1", "'server_opt.item_weight_decay' = -1.0; expected >= 0"),
-    ("server_opt.item_weight_decay=100", "'server_opt.item_weight_decay' = 100.0; the item rate 0.01 times it must stay below 1"),
+    ("server_opt.item_weight_decay=100", "'server_opt.item_weight_decay' = 100.0; the item rate 0.01 times it "
+                                         "must stay below 1"),
 ])
 def test_server_optimiser_ranges_are_checked(override, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -104,8 +105,10 @@ def test_a_preset_inherits_from_its_base_and_overrides_it():
     assert (paper.model.gnn, paper.server_opt.name) == ("gat", "sgd")  # the paper preset is untouched
     features = load_config("fedgnn_features", "ml-100k")
     assert features.data.item_features and not tuned.data.item_features and not paper.data.item_features
-    assert (features.privacy.pseudo_items, features.privacy.clip_delta, features.privacy.noise_lambda) == (1000, 0.1, 0.2)
-    assert (features.model.gnn, features.federation.rounds, features.federation.clients_per_round) == ("ggnn", 1000, 128)
+    assert (features.privacy.pseudo_items, features.privacy.clip_delta,
+            features.privacy.noise_lambda) == (1000, 0.1, 0.2)
+    assert (features.model.gnn, features.federation.rounds,
+            features.federation.clients_per_round) == ("ggnn", 1000, 128)
 
 
 def test_a_broken_preset_chain_is_named(tmp_path, monkeypatch):
@@ -126,7 +129,8 @@ def test_a_preset_can_carry_settings_for_one_dataset():
     douban = load_config("fedgnn_tuned", "douban")
     assert (douban.federation.rounds, douban.local.user_steps, douban.server_opt.lr_decay) == (300, 5, 0.99)
     assert load_config("fedgnn_tuned", "ml-100k").federation.rounds == 700
-    assert load_config("fedgnn_paper", "douban").federation.rounds == load_config("fedgnn_paper", "ml-100k").federation.rounds
+    assert load_config("fedgnn_paper", "douban").federation.rounds == load_config("fedgnn_paper",
+                                                                                  "ml-100k").federation.rounds
     assert load_config("fedgnn_tuned", "douban", ["federation.rounds=7"]).federation.rounds == 7
 
 
@@ -134,7 +138,8 @@ def test_each_fppdm_section_is_typed_and_overridable():
     cfg = load_config("fppdm_pp", None, ["fppdm.training.lr=0.02", "fppdm.model.dim=8", "fppdm.secure.enabled=true",
                                          "fppdm.server.max_abs_mu=5", "fppdm.evaluation.negatives=49"])
     f = cfg.fppdm
-    assert (f.training.lr, f.model.dim, f.secure.enabled, f.server.max_abs_mu, f.evaluation.negatives) == (0.02, 8, True, 5.0, 49)
+    assert (f.training.lr, f.model.dim, f.secure.enabled, f.server.max_abs_mu,
+            f.evaluation.negatives) == (0.02, 8, True, 5.0, 49)
     assert (f.coclustering.lambda_c, f.coclustering.clusters, f.training.batch_size) == (0.07, 15, 256)
     assert load_config("single_domain").fppdm.server.aggregate is False
     assert load_config("fedavg_lightgcn").fppdm.model.gaussian is False
@@ -151,7 +156,8 @@ def test_each_fppdm_section_is_typed_and_overridable():
     ("disencdr:electronic_phone", 6, 2, 1, 8192, 0.01),  # a pair without a file of its own: its family's
     ("disencdr:sport_cloth", 6, 2, 1, 8192, 0.01),
 ])
-def test_every_fppdm_preset_resolves_to_the_tables_settings_for_a_dataset(dataset, rounds, eval_every, epochs, batch, lr):
+def test_every_fppdm_preset_resolves_to_the_tables_settings_for_a_dataset(dataset, rounds, eval_every, epochs,
+                                                                          batch, lr):
     """The dataset's settings files' `algorithms.fppdm` (family, then its own): what `fedrec run --preset P --dataset D`
     runs (no data read)."""
     for preset in ("single_domain", "fedavg_lightgcn", "fppdm", "fppdm_pp"):
@@ -162,7 +168,8 @@ def test_every_fppdm_preset_resolves_to_the_tables_settings_for_a_dataset(datase
     assert load_config("fppdm_pp", dataset).fppdm.coclustering.lambda_c == 0.07  # the preset's own keys stay
     assert load_config("single_domain", dataset).fppdm.training.lambda_p == 0.0
     assert load_config("fppdm", dataset, ["fppdm.training.lr=0.5"]).fppdm.training.lr == 0.5
-    assert load_config("fedgnn_paper", dataset).federation.rounds == load_config("fedgnn_paper").federation.rounds  # FPPDM only
+    # FPPDM only
+    assert load_config("fedgnn_paper", dataset).federation.rounds == load_config("fedgnn_paper").federation.rounds
 
 
 def test_dataset_file_sections_per_algorithm_and_their_precedence(tmp_path, monkeypatch):

@@ -53,14 +53,16 @@ def _outside(key: str) -> list[str]:
 
 
 def test_every_numeric_key_declares_its_range_beside_its_field():
-    assert {"seed", "data.synthetic.degree_exponent", "fppdm.evaluation.topk", "deployment.node_wait_seconds"} <= set(RANGES)
+    assert {"seed", "data.synthetic.degree_exponent", "fppdm.evaluation.topk",
+            "deployment.node_wait_seconds"} <= set(RANGES)
     assert sorted(k for k, rule in RANGES.items() if rule is None) == [], "numeric config fields without ranged(...)"
 
 
 CONF = ROOT / "conf"
 PRESETS = sorted(path.stem for path in CONF.glob("*.yaml"))  # every preset file, as `--preset` names them
 # a preset's per-dataset settings: conf/<preset>/<dataset>.yaml
-PRESET_DATASETS = sorted((folder.name, path.stem) for folder in CONF.iterdir() if (CONF / f"{folder.name}.yaml").is_file()
+PRESET_DATASETS = sorted((folder.name, path.stem) for folder in CONF.iterdir()
+                         if (CONF / f"{folder.name}.yaml").is_file()
                          for path in folder.glob("*.yaml"))
 
 
@@ -173,7 +175,8 @@ def test_each_error_is_one_line_naming_the_key(override, key):
 
 
 def test_the_cli_prints_a_config_error_as_one_line_and_exits_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "fedrec_flwr.cli.commands", "run", "--out", str(tmp_path / "o"), "--set", "federation.rounds=0"],
+    proc = subprocess.run([sys.executable, "-m", "fedrec_flwr.cli.commands", "run", "--out", str(tmp_path / "o"),
+                           "--set", "federation.rounds=0"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines() == ["error: config key 'federation.rounds' = 0; expected >= 1"]

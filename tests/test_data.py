@@ -108,7 +108,8 @@ def test_missing_file_message_says_where_to_put_it(tmp_path):
     with pytest.raises(DataError) as err:
         load_dataset("ml-100k", tmp_path / "nodata", tmp_path / "cache")
     msg = str(err.value)
-    assert f"put ml-100k/u1.base at {tmp_path / 'nodata' / 'ml-100k' / 'u1.base'}" in msg and "data.download=true" in msg
+    assert (f"put ml-100k/u1.base at {tmp_path / 'nodata' / 'ml-100k' / 'u1.base'}" in msg
+            and "data.download=true" in msg)
 
 
 def test_unknown_dataset_lists_registry():
@@ -120,7 +121,8 @@ def test_gadtcdr_loader_filters_and_leaves_one_out(tmp_path):
     rng = np.random.default_rng(0)
     for dom in ("douban_book", "douban_music"):
         (tmp_path / dom).mkdir()
-        rows = [f"{u}\t{i}\t{rng.integers(3, 6)}" for u in range(1, 30) for i in rng.choice(np.arange(1, 25), 12, replace=False)]
+        rows = [f"{u}\t{i}\t{rng.integers(3, 6)}" for u in range(1, 30)
+                for i in rng.choice(np.arange(1, 25), 12, replace=False)]
         (tmp_path / dom / "ratings.dat").write_text("\n".join(rows) + "\n")
     ds = load_gadtcdr("dbm", tmp_path, ("douban_book", "douban_music"), seed=1)
     for d in ds.domains:

@@ -93,7 +93,8 @@ def test_mat_non_finite_ratings_are_refused(tmp_path, bad, reason):
 @pytest.mark.parametrize("value", [0.5, np.nan, -1.0])
 def test_mat_masks_must_be_zero_or_one(tmp_path, value):
     path = _mat(tmp_path, o_test=np.array([[0, 0, 1], [0, 0, value]], float))
-    with pytest.raises(DataError, match="^" + re.escape(f"{path}: key 'Otest' = ") + r".* at \(row 2, column 3\); expected a 0/1 mask"):
+    with pytest.raises(DataError, match="^" + re.escape(f"{path}: key 'Otest' = ")
+                                        + r".* at \(row 2, column 3\); expected a 0/1 mask"):
         load_dataset("douban", tmp_path, tmp_path / "cache")
 
 
@@ -109,13 +110,15 @@ def test_mat_truncated_or_inconsistent_files_are_refused(tmp_path):
         del fh["M"]
         group = fh.create_group("M")
         group["data"], group["ir"], group["jc"] = np.array([5.0, 4.0]), np.array([0, -7]), np.array([0, 1, 2, 2])
-    with pytest.raises(DataError, match="^" + re.escape(f"{path}: key 'M' holds inconsistent sparse data/ir/jc arrays")):
+    with pytest.raises(DataError,
+                       match="^" + re.escape(f"{path}: key 'M' holds inconsistent sparse data/ir/jc arrays")):
         load_dataset("douban", tmp_path, tmp_path / "cache")
 
 
 def _ml100k_cfg(tmp_path):
     _write_dataset(tmp_path / "data", "ml-100k", b"4\t2\t3\t881250949")
-    return load_config("fedgnn_paper", "ml-100k", [f"data.data_dir={tmp_path / 'data'}", f"data.cache_dir={tmp_path / 'cache'}"]).data
+    return load_config("fedgnn_paper", "ml-100k",
+                       [f"data.data_dir={tmp_path / 'data'}", f"data.cache_dir={tmp_path / 'cache'}"]).data
 
 
 def test_cache_key_covers_file_contents_not_just_size_and_mtime(tmp_path):
@@ -183,7 +186,8 @@ def test_a_damaged_cache_is_named_and_rebuilt(tmp_path, damage):
     want = UserPartitions(directory).user(1)
     name, spoil = DAMAGE[damage]
     spoil(directory / name)
-    with pytest.raises(DataError, match="^" + re.escape(f"partition cache {directory}") + ".*delete the folder to rebuild"):
+    with pytest.raises(DataError, match="^" + re.escape(f"partition cache {directory}")
+                                        + ".*delete the folder to rebuild"):
         UserPartitions(directory)
     assert prepare_partitions(cfg) == directory  # rebuilt in place
     got = UserPartitions(directory).user(1)

@@ -211,7 +211,8 @@ def test_a_two_round_fedgnn_tuned_run_on_a_fixture_of_each_dataset(name, tmp_pat
     per_node = cfg.simulation.users_per_node
     clients = {1000 + p: FedGNNClient(cfg, parts.meta, users_of({"partition-id": p, "num-partitions": num_nodes},
                                                                per_node, parts.meta.num_users),
-                                      parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET) for p in range(num_nodes)}
+                                      parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET)
+               for p in range(num_nodes)}
     assert per_node == 0 and num_nodes == auto_nodes(ALL_USERS, cfg.simulation)
     drive(strategy, clients)
     doc = json.loads((Path(cfg.output_dir) / "results.json").read_text())
@@ -270,7 +271,8 @@ def test_flixster_through_the_benchmark_driver(tmp_path, capsys, monkeypatch):
     doc = json.loads((out / "results.json").read_text())
     assert final["rmse"] == doc["final"]["rmse"]
     _check_final(doc, "flixster", scale, _settings("flixster"))
-    _check_every_test_rating_scored(doc, load_config("fedgnn_tuned", "flixster", [f"data.data_dir={tmp_path / 'data'}"]))
+    _check_every_test_rating_scored(doc, load_config("fedgnn_tuned", "flixster",
+                                                     [f"data.data_dir={tmp_path / 'data'}"]))
     phases = [r.get("phase") for r in doc["rounds"]]  # popularity-proof sets: a round of LDP item reports first
     assert phases[:2] == ["popularity", "register"] and doc["rounds"][1]["accepted"] == ALL_USERS
 

@@ -52,7 +52,8 @@ def test_fedgnn_user_dp_and_fppdm_on_a_real_superlink_with_authenticated_superno
     assert any("NaN" in r["reason"] for r in fedgnn["rejections"])  # a malformed upload was rejected, not averaged
     user_dp = json.loads(Path(summary["fedgnn_user_dp"]["results_file"]).read_text())  # SecAgg+ on real SuperNodes
     train = [r for r in user_dp["rounds"] if r.get("phase") == "train"]
-    assert user_dp["status"] == "finished" and len(train) == 1 and all(r["applied"] and r["nodes"] == 3 for r in train), user_dp["rounds"]
+    assert user_dp["status"] == "finished" and len(train) == 1 and all(r["applied"] and r["nodes"] == 3
+                                                                       for r in train), user_dp["rounds"]
     assert user_dp["privacy"]["mode"] == "user_dp" and 0 < user_dp["privacy"]["epsilon"] <= 8
     evaluated = [r for r in user_dp["rounds"] if r.get("phase") == "evaluate-sum"]  # through SecAgg+ too, charged
     assert len(evaluated) == 1 and evaluated[0]["nodes"] == 3 and user_dp["privacy"]["evaluations"] == 1
@@ -75,10 +76,12 @@ def test_ray_cluster_script_runs_clientapps_on_both_nodes_matches_a_plain_run_an
     plain_home = tmp_path / "plain-flwr-home"
     env = {**os.environ, "FLWR_HOME": str(plain_home)}  # a Flower home of its own: its SuperLink is ours to stop
     try:
-        plain = subprocess.run([str(ROOT / ".venv" / "bin" / "fedrec"), "run", *run_args, "--out", str(tmp_path / "plain")],
+        plain = subprocess.run([str(ROOT / ".venv" / "bin" / "fedrec"), "run", *run_args, "--out",
+                                str(tmp_path / "plain")],
                                env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     finally:
-        subprocess.run([sys.executable, "-m", "fedrec_flwr.flower.local_superlink"], env=env, cwd=ROOT, timeout=60, check=False)
+        subprocess.run([sys.executable, "-m", "fedrec_flwr.flower.local_superlink"], env=env, cwd=ROOT, timeout=60,
+                       check=False)
     assert plain.returncode == 0, plain.stdout[-2000:] + plain.stderr[-2000:]
 
     work = Path(tempfile.mkdtemp(prefix="fr-", dir="/tmp"))  # short: Ray's socket paths live under it

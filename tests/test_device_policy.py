@@ -41,7 +41,8 @@ def _message(stage: str | None, phase: str = "train", **configs) -> Message:
 
 def _setup(n: int, threshold: int, terms: DeviceTerms, **changed) -> Message:
     honest = {Key.SHARE_NUMBER: n, Key.SAMPLE_NUMBER: n, Key.THRESHOLD: threshold, Key.MAX_WEIGHT: 1.0,
-              Key.MOD_RANGE: 2**32, Key.CLIPPING_RANGE: terms.clipping_range, Key.TARGET_RANGE: terms.quantization_range}
+              Key.MOD_RANGE: 2**32, Key.CLIPPING_RANGE: terms.clipping_range,
+              Key.TARGET_RANGE: terms.quantization_range}
     return _message(Stage.SETUP, **{**honest, **changed})
 
 

@@ -34,7 +34,8 @@ def documented_commands() -> list[tuple[str, str]]:
         pieces += [(m.start(1), m.group(1)) for m in re.finditer(r"`([^`]+)`", prose)]
         for start, piece in pieces:
             piece = re.sub(r"\\\n\s*", " ", piece)
-            for line in piece.split("\n") if "\n" in piece and piece.count("fedrec ") > 1 else [piece.replace("\n", " ")]:
+            for line in (piece.split("\n") if "\n" in piece and piece.count("fedrec ") > 1
+                         else [piece.replace("\n", " ")]):
                 for match in COMMAND.finditer(line):
                     number = text.count("\n", 0, start) + 1
                     found.append((f"{path.relative_to(ROOT)}:{number}", match.group(0).strip().rstrip(".,:")))

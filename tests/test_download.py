@@ -45,7 +45,8 @@ def test_download_from_zip_member(server, tmp_path):
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("ml-100k/u1.test", b"2\t3\t4\t0\n")
     (root / "ml.zip").write_bytes(buf.getvalue())
-    spec = RemoteFile("ml-100k/u1.test", hashlib.sha256(b"2\t3\t4\t0\n").hexdigest(), f"{url}/ml.zip", "ml-100k/u1.test")
+    spec = RemoteFile("ml-100k/u1.test", hashlib.sha256(b"2\t3\t4\t0\n").hexdigest(), f"{url}/ml.zip",
+                      "ml-100k/u1.test")
     assert download_file(spec, tmp_path / "c").read_bytes() == b"2\t3\t4\t0\n"
 
 

@@ -51,7 +51,8 @@ def _small_job(out: Path, cache: Path, *extra: str) -> list[str]:
 def small_run(tmp_path_factory) -> tuple[Path, str]:
     """SMALL_RUN through flwr run, uninterrupted: its output folder and console output."""
     base = tmp_path_factory.mktemp("small-run")
-    proc = subprocess.run(_small_job(base / "out", base / "cache"), cwd=ROOT, env=_env(), capture_output=True, text=True)
+    proc = subprocess.run(_small_job(base / "out", base / "cache"), cwd=ROOT, env=_env(), capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return base / "out", proc.stdout
 

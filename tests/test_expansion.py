@@ -25,13 +25,15 @@ from tests.conftest import TEST_SECRET
 
 
 def test_schedule_puts_expansion_after_t_epochs(tiny_cfg):
-    cfg = tiny_cfg("expansion.mode=fixed", "expansion.epoch=2", "federation.clients_per_round=25", "federation.rounds=10")
+    cfg = tiny_cfg("expansion.mode=fixed", "expansion.epoch=2", "federation.clients_per_round=25",
+                   "federation.rounds=10")
     phases = round_schedule(cfg.federation, cfg.expansion, num_users=60)  # 3 rounds per epoch -> after training round 6
     assert phases[0] == PHASE_REGISTER and phases[7:9] == [PHASE_EXPAND_SUBMIT, PHASE_EXPAND_FETCH]
     assert phases.count(PHASE_TRAIN) == 10
     plain = tiny_cfg("federation.rounds=10")
     assert PHASE_EXPAND_SUBMIT not in round_schedule(plain.federation, plain.expansion, 60)
-    late = tiny_cfg("expansion.mode=fixed", "expansion.epoch=5", "federation.clients_per_round=25", "federation.rounds=10")
+    late = tiny_cfg("expansion.mode=fixed", "expansion.epoch=5", "federation.clients_per_round=25",
+                    "federation.rounds=10")
     with pytest.raises(ValueError, match="expansion.epoch = 5 .* federation.rounds = 10"):
         round_schedule(late.federation, late.expansion, 60)
 
@@ -111,7 +113,8 @@ def test_clients_get_exactly_their_co_raters_as_anonymous_neighbours(tiny_cfg, s
     for u in users:
         got = {tuple(np.round(r, 5)) for r in store.load(u).neighbours}
         mine = parts.user(u).train_items
-        expected = {tuple(np.round(embs[v], 5)) for v in users if v != u and np.intersect1d(mine, parts.user(v).train_items).size}
+        expected = {tuple(np.round(embs[v], 5)) for v in users if v != u
+                    and np.intersect1d(mine, parts.user(v).train_items).size}
         assert got == expected and tuple(np.round(embs[u], 5)) not in got
         matched += len(expected)
     assert matched > 0  # co-raters exist, so "no neighbours for anyone" would not pass
@@ -142,7 +145,8 @@ def test_neighbours_enter_the_star_graph_and_change_predictions(tiny_cfg):
     store = MemoryStore()
     client = FedGNNUser(DeviceSections.from_config(cfg), parts.meta, data, store)
     model = build_model(cfg.model, parts.meta.scale.midpoint)
-    rows = np.random.default_rng(0).standard_normal((client.state.anonymity_ids.size, cfg.model.dim)).astype(np.float32) * 0.1
+    rows = np.random.default_rng(0).standard_normal((client.state.anonymity_ids.size,
+                                                     cfg.model.dim)).astype(np.float32) * 0.1
     without = local_gradients(client.cfg, model, client.state, data, rows, np.random.default_rng(1))
     client.state.neighbours = np.ones((4, cfg.model.dim), np.float32)
     with_n = local_gradients(client.cfg, model, client.state, data, rows, np.random.default_rng(1))

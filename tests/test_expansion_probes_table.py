@@ -54,6 +54,7 @@ def test_cells_are_paired_with_the_same_seed_and_unpaired_seeds_left_blank(tmp_p
     diffs = [fixed[s] - none[s] for s in none]
     half = stats.t.ppf(0.975, 2) * statistics.stdev(diffs) / 3 ** 0.5
     mean = statistics.mean(diffs)
-    assert f"fixed - none, tail, 3 seeds: {mean:+.4f} (95% t interval {mean - half:+.4f} ... {mean + half:+.4f})" in text
+    assert (f"fixed - none, tail, 3 seeds: {mean:+.4f} (95% t interval {mean - half:+.4f} ... {mean + half:+.4f})"
+            in text)
     assert "fixed-n1 - none" not in text  # one paired seed gives no interval
     assert f"none's seed spread (std): {statistics.stdev(none.values()):.4f} final" in text

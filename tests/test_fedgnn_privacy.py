@@ -130,7 +130,8 @@ def test_the_model_gradient_does_not_point_at_the_real_items_under_ldp(tiny_cfg,
     """The model gradient sums over the real items too. Matching its top singular directions
     against the rows the server sent (and, with public item features, the feature map's gradient
     against features x uploaded rows) finds them without LDP; with LDP it must stay <= 0.6."""
-    sizes = ("model.dim=64", "data.synthetic.num_items=200", "data.synthetic.mean_degree=15", "privacy.pseudo_items=100", *model)
+    sizes = ("model.dim=64", "data.synthetic.num_items=200", "data.synthetic.mean_degree=15",
+             "privacy.pseudo_items=100", *model)
     open_auc = model_gradient_auc(tiny_cfg(*sizes, "privacy.ldp=false"), 30)
     assert open_auc["sent rows vs weight gradients"] > 0.7, open_auc  # the attack has power
     protected = model_gradient_auc(tiny_cfg(*sizes), 30)
@@ -166,5 +167,6 @@ def test_a_user_without_training_ratings_sends_a_valid_upload(tiny_cfg):
     download = frame_download(server.model_weights(), [7], [server.rows_for(7)])
     upload, _, _ = client.fit(download, {"phase": PHASE_TRAIN, "round": 2})
     (_, (flat, sent_ids, rows)), = split_users(upload, TRAIN_FIELDS)
-    update = server.validate(7, [*model_gradients(flat, server.model_shapes), sent_ids, rows])  # UploadRejected on NaN/Inf
+    # UploadRejected on NaN/Inf
+    update = server.validate(7, [*model_gradients(flat, server.model_shapes), sent_ids, rows])
     assert update.rows.shape == (ids.size, cfg.model.dim) and np.isfinite(update.rows).all()

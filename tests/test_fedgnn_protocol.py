@@ -30,7 +30,8 @@ def _nodes(cfg, parts, per_node: int, first_id: int, files_root=None) -> dict:
     for k, start in enumerate(range(0, n, per_node)):
         files = UserStateFiles(files_root) if files_root else None
         users = list(range(start, min(start + per_node, n)))
-        client = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict(), files), secret=TEST_SECRET)
+        client = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict(), files),
+                              secret=TEST_SECRET)
         nodes[first_id + 7919 * k] = with_faults(client, cfg.faults, cfg.seed)
     return nodes
 
@@ -46,7 +47,8 @@ def _run(cfg, per_node: int, first_id: int = 10**6, **kw) -> FedGNNStrategy:
     cfg = _hosting(cfg, per_node)
     parts = UserPartitions(prepare_partitions(cfg.data))
     strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint,
-                              RunRecorder(cfg.output_dir, "fedgnn", "synthetic", {}), parts.meta.num_users, rating_span=4.0)
+                              RunRecorder(cfg.output_dir, "fedgnn", "synthetic", {}), parts.meta.num_users,
+                              rating_span=4.0)
     drive(strategy, _nodes(cfg, parts, per_node, first_id, **kw))
     return strategy
 
@@ -70,7 +72,8 @@ def test_multiplexed_users_train_exactly_as_one_node_per_user(tiny_cfg):
 def test_upload_for_a_user_the_node_does_not_host_is_rejected(tiny_cfg):
     cfg = _hosting(tiny_cfg(*SMALL), 30)
     parts = UserPartitions(prepare_partitions(cfg.data))
-    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users, rating_span=4.0)
+    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users,
+                              rating_span=4.0)
     nodes = _nodes(cfg, parts, 30, 1)
     honest, other = list(nodes)
     drive(strategy, nodes, last_round=1)  # registration
@@ -89,9 +92,12 @@ def test_upload_for_a_user_the_node_does_not_host_is_rejected(tiny_cfg):
 def test_a_user_claimed_by_two_nodes_is_refused(tiny_cfg):
     cfg = _hosting(tiny_cfg(*SMALL), 60)
     parts = UserPartitions(prepare_partitions(cfg.data))
-    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users, rating_span=4.0)
+    strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users,
+                              rating_span=4.0)
     nodes = _nodes(cfg, parts, 60, 1)
-    nodes[2] = FedGNNClient(cfg, parts.meta, list(range(60)), parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET)  # impostor
+    # impostor
+    nodes[2] = FedGNNClient(cfg, parts.meta, list(range(60)), parts.user, NodeStateStore(RecordDict()),
+                            secret=TEST_SECRET)
     drive(strategy, nodes, last_round=1)
     assert strategy.bindings.node_of(0) in (1, 2) and len(strategy.server.anonymity_sets) == 60
     assert any("already registered by another node" in why for _, why in strategy.rounds.rejections)
@@ -103,7 +109,8 @@ def test_a_simulated_node_registers_exactly_its_partition_block(tiny_cfg):
     parts = UserPartitions(prepare_partitions(cfg.data))
     strategy = FedGNNStrategy(cfg, parts.meta.num_items, parts.meta.scale.midpoint, None, parts.meta.num_users,
                               rating_span=4.0)
-    nodes = {1: FedGNNClient(cfg, parts.meta, list(range(10)), parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET)}
+    nodes = {1: FedGNNClient(cfg, parts.meta, list(range(10)), parts.user, NodeStateStore(RecordDict()),
+                             secret=TEST_SECRET)}
     for nid, users in ((2, [10, 11]), (3, list(range(15, 25))), (4, list(range(20, 30))), (5, list(range(30, 40))),
                        (6, list(range(40, 50)))):  # six nodes: enough for the 60 users at 10 each
         nodes[nid] = FedGNNClient(cfg, parts.meta, users, parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET)
@@ -113,18 +120,21 @@ def test_a_simulated_node_registers_exactly_its_partition_block(tiny_cfg):
     assert len(refused) == 2 and all("hosts exactly users" in why for why in refused)
 
 
-@pytest.mark.parametrize("server_opt", [(), ("server_opt.name=adam", "server_opt.lr_decay=0.8", "server_opt.item_beta1=0.99",
+@pytest.mark.parametrize("server_opt", [(), ("server_opt.name=adam", "server_opt.lr_decay=0.8",
+                                             "server_opt.item_beta1=0.99",
                                         "server_opt.item_weight_decay=1.0")])
 def test_killed_and_resumed_run_ends_with_the_uninterrupted_metrics(tiny_cfg, tmp_path, server_opt):
     """Kill after Flower round 5 (checkpoint at training round 4), resume on fresh nodes with new ids.
 
-    With Adam, a decaying rate and item weight decay the checkpoint must carry optimiser moments and the schedule too."""
+    With Adam, a decaying rate and item weight decay the checkpoint must carry optimiser moments and the schedule
+    too."""
     base = (*SMALL, "checkpoint.every=2", "simulation.users_per_node=5", *server_opt)
     clean = _run(tiny_cfg(*base, f"output_dir={tmp_path / 'clean'}"), 5, files_root=tmp_path / "clean-devices")
     cfg = tiny_cfg(*base, f"output_dir={tmp_path / 'killed'}")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
-    first = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, RunRecorder(cfg.output_dir, "fedgnn", "s", {}), meta.num_users, rating_span=4.0)
+    first = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, RunRecorder(cfg.output_dir, "fedgnn", "s", {}),
+                           meta.num_users, rating_span=4.0)
     devices = tmp_path / "devices"
     drive(first, _nodes(cfg, parts, 5, 1, devices), last_round=6)  # register + 5 training rounds, then "killed"
     assert first.last_checkpoint == 5  # logical round 5 = training round 4
@@ -214,7 +224,8 @@ def test_undecodable_uploads_and_unsampled_users_are_rejected_not_fatal(tiny_cfg
     sampled = set(arrays[0].tolist())
     other = next(u for u in strategy.bindings.live_users({proxy.node_id}) if u not in sampled)
     parts = split_users(arrays, TRAIN_FIELDS)
-    forged = frame_users([*(u for u, _ in parts), other], [*(p for _, p in parts), parts[0][1]], TRAIN_FIELDS)  # a copy as `other`
+    # a copy as `other`
+    forged = frame_users([*(u for u, _ in parts), other], [*(p for _, p in parts), parts[0][1]], TRAIN_FIELDS)
     garbage = Parameters(tensors=[b"\x80\x04not an array"], tensor_type="numpy.ndarray")
     results = [(Proxy(proxy.node_id), FitRes(OK, ndarrays_to_parameters(forged), n, m)),
                (Proxy(999), FitRes(OK, garbage, 1, {}))]
@@ -234,7 +245,8 @@ def test_a_nodes_state_keeps_each_users_state_exactly_and_refuses_damaged_bytes(
     store = NodeStateStore(RecordDict())
     store.save(4, st)
     back = store.load(4)
-    for a, b in ((back.embedding, st.embedding), (back.anonymity_ids, st.anonymity_ids), (back.neighbours, st.neighbours)):
+    for a, b in ((back.embedding, st.embedding), (back.anonymity_ids, st.anonymity_ids),
+                 (back.neighbours, st.neighbours)):
         assert a.dtype == b.dtype and np.array_equal(a, b)
     assert (back.handle, back.offset) == (st.handle, st.offset) and store.load(5) is None
     blob = encode_state(st)

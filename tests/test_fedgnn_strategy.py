@@ -63,13 +63,16 @@ def test_a_forged_frame_is_refused_before_any_user_is_read():
     users, sizes, ids = frame_users([0, 1], [[np.array([1, 2, 3])], [np.array([4, 5, 6])]], 1)
     assert [(u, b[0].tolist()) for u, b in split_users([users, sizes, ids], 1)] == [(0, [1, 2, 3]), (1, [4, 5, 6])]
     counts = frame_registration([0, 1], [np.array([1, 2, 3]), np.array([4, 5, 6])], [1, 1])[3:]
-    for forged, why in (([users, sizes + [1, 0], ids], "do not add up"), ([users, np.array([-1, 7]), ids], "do not add up"),
-                        ([users, np.array([9, -3]), ids], "do not add up"), ([users, sizes[:1], ids], "sizes must be 2"),
+    for forged, why in (([users, sizes + [1, 0], ids], "do not add up"),
+                        ([users, np.array([-1, 7]), ids], "do not add up"),
+                        ([users, np.array([9, -3]), ids], "do not add up"),
+                        ([users, sizes[:1], ids], "sizes must be 2"),
                         ([users, sizes.astype(float), ids], "sizes must be 2 integers"),
                         ([np.array([0, 0]), sizes, ids], "duplicate user ids"), ([users, sizes], "must have 5 arrays"),
+                        # int64 sum wraps
                         ([users.astype(float), sizes, ids], "integer array of user ids"),
                         ([users, sizes, np.array(7)], "do not add up"),
-                        ([np.arange(17), np.full(17, 2**60), np.empty((2**60, 0), np.float32)], "do not add up")):  # int64 sum wraps
+                        ([np.arange(17), np.full(17, 2**60), np.empty((2**60, 0), np.float32)], "do not add up")):
         with pytest.raises(UploadRejected, match=why):
             validate_registration(forged if len(forged) < 3 else [*forged, *counts], 10, 3)
 
@@ -108,7 +111,8 @@ def test_server_step_does_not_depend_on_arrival_order(tiny_cfg):
     for other in results[1:]:
         assert len(other) == len(results[0]) and all(np.array_equal(a, b) for a, b in zip(results[0], other))
     start = [*first.model_weights(), first.items.detach().numpy()]  # the round did move the model and the table
-    assert not np.array_equal(start[-1], results[0][-1]) and any(not np.array_equal(a, b) for a, b in zip(start, results[0]))
+    assert not np.array_equal(start[-1],
+                              results[0][-1]) and any(not np.array_equal(a, b) for a, b in zip(start, results[0]))
 
 
 def _push_items(server, signs):
@@ -161,7 +165,8 @@ def test_item_weight_decay_shrinks_every_row_at_the_current_item_rate(tiny_cfg):
                                                "server_opt.lr_decay=0.5", "server_opt.item_weight_decay=2"), 80, 3.0)
     start, model = server.items.detach().clone(), server.model_weights()
     _push_items(server, [0.0, 0.0])  # zero gradients: only the decay moves anything
-    np.testing.assert_allclose(server.items.detach().numpy(), start.numpy() * (1 - 0.05 * 2) * (1 - 0.025 * 2), rtol=1e-5)
+    np.testing.assert_allclose(server.items.detach().numpy(), start.numpy() * (1 - 0.05 * 2) * (1 - 0.025 * 2),
+                               rtol=1e-5)
     for a, b in zip(model, server.model_weights()):
         np.testing.assert_array_equal(a, b)
 
@@ -171,7 +176,8 @@ def test_item_beta1_sets_how_long_adam_remembers_an_item_row_gradient(tiny_cfg, 
     """Gradient +1 then -1: the second Adam step undoes only the share of the first that beta1 forgets."""
     from fedrec_flwr.fedgnn.server import FedGNNServer
 
-    server = FedGNNServer.from_config(tiny_cfg("server_opt.name=adam", "server_opt.lr=0.01", f"server_opt.item_beta1={beta1}"), 80, 3.0)
+    server = FedGNNServer.from_config(tiny_cfg("server_opt.name=adam", "server_opt.lr=0.01",
+                                               f"server_opt.item_beta1={beta1}"), 80, 3.0)
     start = server.items.detach().clone()
     _push_items(server, [1.0, -1.0])
     m_hat = (beta1 * (1 - beta1) - (1 - beta1)) / (1 - beta1**2)  # bias-corrected first moment after +1, -1

@@ -212,7 +212,8 @@ def _fixed_domains(corrupt=None, bad_rounds=(), dim=2):
         ids = np.array(ids)
         return _FixedDomain(name, ids, rng.normal(size=(ids.size, dim)), rng.uniform(0.5, 2, (ids.size, dim)), **kw)
 
-    return {0: make("d0", [0, 1, 2, 3]), 1: make("d1", [2, 3, 4, 5]), 2: make("d2", [1, 2, 3, 4], corrupt=corrupt, bad_rounds=bad_rounds)}
+    return {0: make("d0", [0, 1, 2, 3]), 1: make("d1", [2, 3, 4, 5]),
+            2: make("d2", [1, 2, 3, 4], corrupt=corrupt, bad_rounds=bad_rounds)}
 
 
 def _strategy(tmp_path, *extra, num_users=6):
@@ -226,7 +227,8 @@ def _downloads(strategy, server_round, nodes):
     """What each node is sent in `server_round`, through the strategy's public configure_fit."""
     from flwr.common import parameters_to_ndarrays
 
-    return {p.node_id: parameters_to_ndarrays(ins.parameters) for p, ins in strategy.configure_fit(server_round, None, Manager(nodes))}
+    return {p.node_id: parameters_to_ndarrays(ins.parameters)
+            for p, ins in strategy.configure_fit(server_round, None, Manager(nodes))}
 
 
 def _expected(domains, nodes, users):
@@ -288,7 +290,8 @@ def test_too_few_accepted_uploads_leave_the_global_users_unchanged(tmp_path):
     strategy, recorder = _strategy(tmp_path, "federation.min_clients=3")
     drive(strategy, domains, last_round=2)
     r1, r2 = recorder.history()
-    assert (r1["accepted"], r1["applied"]) == (3, True) and (r2["accepted"], r2["rejected"], r2["applied"]) == (2, 1, False)
+    assert (r1["accepted"], r1["applied"]) == (3, True) and (r2["accepted"], r2["rejected"],
+                                                             r2["applied"]) == (2, 1, False)
     after_round_1 = {k: d.sent[1] for k, d in domains.items()}  # what round 2 sent
     after_round_2 = _downloads(strategy, 3, domains)
     for k in domains:
@@ -327,7 +330,8 @@ def test_only_user_distributions_leave_a_domain_and_k3_rounds_run(tmp_path):
     assert all(c.sent[0] == [] for c in clients.values())  # round 1: no global users yet
     for k, dom in enumerate(ds.domains):
         for arrays, metrics in zip(clients[k].uploads, clients[k].metrics):
-            assert len(arrays) == 3 and set(metrics) == {"train_loss", "refused_targets"} and metrics["refused_targets"] == 0
+            assert len(arrays) == 3 and set(metrics) == {"train_loss",
+                                                         "refused_targets"} and metrics["refused_targets"] == 0
             ids, _, _ = validate_distributions(arrays, ds.num_users, 16)
             assert np.array_equal(ids, np.unique(dom.train_users))  # this domain's users, nothing else
     for sent, uploads in ((clients[0].sent[1], [c.uploads[0] for c in clients.values()]),  # round 2: round 1's

@@ -54,7 +54,8 @@ def _train(row_propagation: bool, extra: list[str], threads: int = 1,
            fused_adam: bool = True) -> tuple[list[float], dict[str, np.ndarray]]:
     cfg = load_config("fppdm", "synthetic-md3", ["fppdm.model.dim=16", "fppdm.training.local_epochs=2",
                                                   "fppdm.training.batch_size=64", "fppdm.training.lr=0.01",
-                                                  f"fppdm.training.row_propagation={str(row_propagation).lower()}", *extra])
+                                                  f"fppdm.training.row_propagation={str(row_propagation).lower()}",
+                                                  *extra])
     f = cfg.fppdm
     trainer = DomainTrainer(DomainData(make_synthetic_multidomain(seed=0).domains[1]), 1, f.model, f.training,
                             f.coclustering, cfg.seed)

@@ -138,9 +138,9 @@ def keys_512(tmp_path_factory):
 
 
 def _client(tmp_path, key_file, key_bits):
-    cfg = load_config("fppdm", "synthetic-md3", [f"output_dir={tmp_path}", "fppdm.model.dim=4", "fppdm.secure.enabled=true",
-                                                 f"fppdm.secure.key_file={key_file}", f"fppdm.secure.key_bits={key_bits}",
-                                                 "fppdm.training.local_epochs=1"])
+    cfg = load_config("fppdm", "synthetic-md3", [f"output_dir={tmp_path}", "fppdm.model.dim=4",
+                                                 "fppdm.secure.enabled=true", f"fppdm.secure.key_file={key_file}",
+                                                 f"fppdm.secure.key_bits={key_bits}", "fppdm.training.local_epochs=1"])
 
     class Store:
         saved = None

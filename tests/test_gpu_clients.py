@@ -33,7 +33,8 @@ def devices(tmp_path_factory) -> dict:
     cmd = [sys.executable, "-c", BLOCK, "gpu_clients", "--devices", "cpu", "cpu:0", "cuda", "--users", "24",
            "--rounds", "1", "--fppdm-users", "40", "--fppdm-items", "30", "--fppdm-epochs", "1",
            "--fppdm-round-devices", "cpu", "--fppdm-round-users", "30", "--fppdm-round-items", "40",
-           "--data-dir", str(tmp / "no-data"), "--cache-dir", str(tmp / "cache"), "--out", str(out), "--set", *SMALL_FEDGNN]
+           "--data-dir", str(tmp / "no-data"), "--cache-dir", str(tmp / "cache"), "--out", str(out), "--set",
+           *SMALL_FEDGNN]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stderr[-3000:]

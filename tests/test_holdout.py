@@ -33,8 +33,10 @@ def test_validation_is_carved_from_training_ratings_only_and_every_user_keeps_so
     assert (np.abs(lent - 0.1 * before) < 1 + 1e-9).all()  # randomised rounding: within one rating of f * n_u
     assert abs(lent.sum() / before.sum() - 0.1) < 0.01
     # rating values travel with their (user, item) pair
-    lookup = {(u, i): v for u, i, v in zip(full.train.users.tolist(), full.train.items.tolist(), full.train.values.tolist())}
-    assert all(lookup[(u, i)] == v for u, i, v in zip(held.test.users.tolist(), held.test.items.tolist(), held.test.values.tolist()))
+    lookup = {(u, i): v
+              for u, i, v in zip(full.train.users.tolist(), full.train.items.tolist(), full.train.values.tolist())}
+    assert all(lookup[(u, i)] == v
+               for u, i, v in zip(held.test.users.tolist(), held.test.items.tolist(), held.test.values.tolist()))
 
 
 def test_the_split_depends_on_the_data_seed_only():

@@ -132,14 +132,16 @@ def test_neither_the_product_nor_its_tests_and_deployment_import_the_benchmarks(
     for path in files:
         rel = path.relative_to(ROOT)
         package = ".".join(rel.parent.parts)  # a relative import inside tests/ or deploy/ stays there
-        found += [(str(rel), n) for n in _imported_names(path, package) if n == "benchmarks" or n.startswith("benchmarks.")]
+        found += [(str(rel), n) for n in _imported_names(path, package) if n == "benchmarks"
+                  or n.startswith("benchmarks.")]
     assert found == []
 
 
 def test_the_graph_sees_lazy_and_relative_imports():
     """The check reads what it claims to: a function-level import and a relative one are edges."""
     graph = import_graph()
-    assert "fedrec_flwr.reference.centralized" in graph["fedrec_flwr.cli.runner"]  # imported inside run_centralized_reference
+    # imported inside run_centralized_reference
+    assert "fedrec_flwr.reference.centralized" in graph["fedrec_flwr.cli.runner"]
     assert "fedrec_flwr.data.types" in graph["fedrec_flwr.data.loaders"]  # `from .types import ...`
 
 

@@ -79,9 +79,11 @@ def test_an_in_process_resume_refuses_a_checkpoint_that_does_not_fit_in_one_line
 
     first = decode_state(blobs[0].numpy().tobytes())
     cases = [
-        ({"user_states": blobs[:-1]}, "key 'user_states' is a list of 59; expected one encoded user state per user (60)"),
+        ({"user_states": blobs[:-1]},
+         "key 'user_states' is a list of 59; expected one encoded user state per user (60)"),
         ({"user_states": [*blobs[:3], blobs[3][:-1], *blobs[4:]]}, "key 'user_states[3]': stored user state of"),
-        ({"user_states": [*blobs[:1], blobs[1].to(torch.int16), *blobs[2:]]}, "key 'user_states[1]' is not a dense 1-D"),
+        ({"user_states": [*blobs[:1], blobs[1].to(torch.int16), *blobs[2:]]},
+         "key 'user_states[1]' is not a dense 1-D"),
         ({"user_states": _with_user(blobs, 5, item_past_the_table)}, "anonymity-set items; expected at least 30 sorted "
          "distinct ids in [0, 80)"),
         ({"user_states": _with_user(blobs, 6, own_item_dropped)},
@@ -97,7 +99,8 @@ def test_an_in_process_resume_refuses_a_checkpoint_that_does_not_fit_in_one_line
         ({"elapsed_seconds": float("inf")}, "key 'elapsed_seconds' = inf; expected the seconds"),
         ({"history": state["history"][:-1]}, "key 'history' holds 1 records; expected 2"),
         ({"train_rounds_done": 1}, "key 'train_rounds_done' = 1; expected 2"),
-        ({"logical_round": 5, "train_rounds_done": 4}, "key 'logical_round' = 5; expected a round before this run's last (5)"),
+        ({"logical_round": 5, "train_rounds_done": 4},
+         "key 'logical_round' = 5; expected a round before this run's last (5)"),
         ({"logical_round": 9}, "key 'logical_round' = 9; expected a training round of this run's schedule"),
     ]
     resume = tiny_cfg(*base, "checkpoint.resume=true")

@@ -104,7 +104,8 @@ def test_a_path_in_set_resolves_as_the_data_folder_does_and_a_missing_one_is_one
     (tmp_path / "KEY").write_text("k")
     assert absolute_path_overrides(["fppdm.secure.key_file=KEY", "federation.rounds=2"]) == [
         f"fppdm.secure.key_file={tmp_path / 'KEY'}", "federation.rounds=2"]
-    line = fails(["run", "--preset", "fppdm", "--set", "fppdm.secure.enabled=true", "fppdm.secure.key_file=NOPE"], capsys)
+    line = fails(["run", "--preset", "fppdm", "--set", "fppdm.secure.enabled=true", "fppdm.secure.key_file=NOPE"],
+                 capsys)
     assert line.startswith("error: --set fppdm.secure.key_file=NOPE: no such file") and str(tmp_path / "NOPE") in line
 
 
@@ -143,7 +144,8 @@ SPLIT = {  # dataset -> files of a small valid copy: {relative path: lines}
                      for f in ("a_b", "b_a") for n in ("train.txt", "test.txt")},
 }
 DUPLICATED = {"ml-100k": "ml-100k/u1.base", "ml-1m": "ml-1m/ratings.dat",
-              "douban-book-music": "douban_gadtcdr/douban_music/ratings.dat", "disencdr:a_b": "disencdr_amazon/b_a/train.txt"}
+              "douban-book-music": "douban_gadtcdr/douban_music/ratings.dat",
+              "disencdr:a_b": "disencdr_amazon/b_a/train.txt"}
 
 
 def _write(root: Path, name: str, edit=None) -> Path:
@@ -174,7 +176,8 @@ def test_duplicate_ratings_are_refused_naming_both_lines(tmp_path, name):
         load_dataset(name, root, tmp_path / "cache")
 
 
-@pytest.mark.parametrize("name, test_file", [("ml-100k", "ml-100k/u1.test"), ("disencdr:a_b", "disencdr_amazon/a_b/test.txt")])
+@pytest.mark.parametrize("name, test_file",
+                         [("ml-100k", "ml-100k/u1.test"), ("disencdr:a_b", "disencdr_amazon/a_b/test.txt")])
 def test_a_test_rating_also_in_the_training_file_is_refused(tmp_path, name, test_file):
     def leak(rel, lines):
         return [*lines, SPLIT[name][rel.replace("u1.test", "u1.base").replace("test.txt", "train.txt")][1]] \
@@ -183,7 +186,8 @@ def test_a_test_rating_also_in_the_training_file_is_refused(tmp_path, name, test
     root = _write(tmp_path, name, leak)
     train_file = test_file.replace("u1.test", "u1.base").replace("test.txt", "train.txt")
     line = len(SPLIT[name][test_file]) + 1
-    with pytest.raises(DataError, match="^" + re.escape(f"{root / test_file}:{line}: ") + r".* are also in the training "
+    with pytest.raises(DataError, match="^" + re.escape(f"{root / test_file}:{line}: ")
+                                        + r".* are also in the training "
                        + re.escape(f"file ({root / train_file}:2); expected disjoint train and test splits")):
         load_dataset(name, root, tmp_path / "cache")
 
@@ -211,7 +215,8 @@ def _synthetic(tmp_path, cache: Path):
 def test_a_cache_folder_that_is_a_file_is_named(tmp_path, capsys):
     (tmp_path / "cache").write_text("")
     with pytest.raises(FolderError, match="^" + re.escape(f"cache folder {tmp_path / 'cache' / 'partitions'}: not a "
-                                                          f"directory ({tmp_path / 'cache'} is a file); expected a folder")):
+                                                          f"directory ({tmp_path / 'cache'} is a file); "
+                                                          f"expected a folder")):
         prepare_partitions(_synthetic(tmp_path, tmp_path / "cache"))
     line = fails(["run", "--in-process", "--cache-dir", str(tmp_path / "cache"), "--set", *TINY], capsys)
     assert line.startswith(f"error: cache folder {tmp_path / 'cache' / 'partitions'}: not a directory")
@@ -277,7 +282,8 @@ def test_an_output_folder_that_is_a_file_is_named(tmp_path, capsys):
 def _hold_lock(folder: Path) -> subprocess.Popen:
     """Another process holding `folder`'s run lock until killed."""
     proc = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom fedrec_flwr.fsutil import folder_lock\n"
-                             f"with folder_lock({str(folder)!r}):\n    print('held', flush=True)\n    time.sleep(120)\n"],
+                             f"with folder_lock({str(folder)!r}):\n    print('held', flush=True)\n    "
+                             f"time.sleep(120)\n"],
                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
@@ -288,7 +294,8 @@ def test_a_second_run_into_a_live_runs_output_folder_is_refused(tmp_path, capsys
     holder = _hold_lock(out)
     try:
         line = fails(tiny_run(tmp_path), capsys)
-        assert line == (f"error: output folder {out} is in use by another run (pid {holder.pid}, lock file {out / LOCK_FILE}); "
+        assert line == (f"error: output folder {out} is in use by another run (pid {holder.pid}, lock file "
+                        f"{out / LOCK_FILE}); "
                         "expected a folder no running run writes: wait for it to end, or choose another folder")
         assert not (out / "results.json").exists()
     finally:
@@ -369,8 +376,10 @@ def _set(key: str, value):
 
 
 CORRUPT = {  # what is spoiled -> (how, the start of the message after the file name)
-    "items 1-D": (_set("items", torch.zeros(40)), "key 'items' = a float32 tensor of shape (40,); expected the item table"),
-    "items width": (_set("items", torch.zeros(40, 9)), "key 'items' = a float32 tensor of shape (40, 9); expected shape (40, 8)"),
+    "items 1-D": (_set("items", torch.zeros(40)),
+                  "key 'items' = a float32 tensor of shape (40,); expected the item table"),
+    "items width": (_set("items", torch.zeros(40, 9)),
+                    "key 'items' = a float32 tensor of shape (40, 9); expected shape (40, 8)"),
     "items NaN": (_set("items", torch.full((40, 8), float("nan"))), "key 'items' holds NaN or infinite values"),
     "sparse model": (_set("model/bias", torch.zeros(3).to_sparse()), "key 'model.bias' = a torch.sparse_coo float32"),
     "model shape": (_set("model/encoder.conv.lin.weight", torch.zeros(4, 4)),
@@ -386,13 +395,14 @@ CORRUPT = {  # what is spoiled -> (how, the start of the message after the file 
     "uploads": (_set("uploads", [1, -2]), "key 'uploads' = a list; expected a list of per-user upload counts"),
     "history": (_set("history", [3]), "key 'history' = a list; expected a list of round records"),
     "rejections": (_set("rejections", [[2]]), "key 'rejections' = a list; expected a list of [round, reason] pairs"),
-    "torch_rng": (_set("torch_rng", torch.zeros(8, dtype=torch.uint8)), "key 'torch_rng' = a uint8 tensor of shape (8,)"),
+    "torch_rng": (_set("torch_rng", torch.zeros(8, dtype=torch.uint8)),
+                  "key 'torch_rng' = a uint8 tensor of shape (8,)"),
     "model_opt": (_set("model_opt", [1]), "key 'model_opt' = a list; expected an optimiser state dict"),
     "optimiser groups": (_set("model_opt/param_groups", lambda g: [{**g[0], "params": [0, 1]}]),
                          "key 'model_opt.param_groups' names parameters [0, 1]; expected each of the 5 parameters"),
     "optimiser buffer": (_set("model_opt/state", {4: {"momentum_buffer": torch.zeros(8, 9)}}),
-                         "key 'model_opt.state[4].momentum_buffer' = a float32 tensor of shape (8, 9); expected a dense "
-                         "tensor of shape (8, 8)"),
+                         "key 'model_opt.state[4].momentum_buffer' = a float32 tensor of shape (8, 9); expected a "
+                         "dense tensor of shape (8, 8)"),
     "popularity": (_set("popularity", torch.zeros(39)), "key 'popularity' = a float32 tensor of shape (39,); expected "
                                                          "shape (40,)"),
     "config": (_set("config", [1]), "key 'config' = a list; expected the run's config"),
@@ -428,13 +438,15 @@ def test_a_checkpoint_is_checked_against_the_runs_dataset_sizes(tmp_path):
     cfg = load_config("fedgnn_paper", "synthetic", ["model.dim=8"])
     ckpt = Checkpointer(tmp_path)
     ckpt.save(_server_state(cfg))
-    with pytest.raises(CheckpointError, match=re.escape("key 'items' = a float32 tensor of shape (40, 8); expected shape "
-                                                        "(41, 8): one row per item")):
+    with pytest.raises(CheckpointError, match=re.escape("key 'items' = a float32 tensor of shape (40, 8); expected "
+                                                        "shape (41, 8): one row per item")):
         ckpt.load(expect=StateShapes.of(to_dict(cfg), 41, 12))
-    with pytest.raises(CheckpointError, match=re.escape("key 'uploads' holds the upload counts of 12 users; expected 13")):
+    with pytest.raises(CheckpointError,
+                       match=re.escape("key 'uploads' holds the upload counts of 12 users; expected 13")):
         ckpt.load(expect=StateShapes.of(to_dict(cfg), 40, 13))
-    with pytest.raises(CheckpointError, match=re.escape("key 'model.encoder.conv.att_src' = a float32 tensor of shape (1, 1, 8); expected a floating-point "
-                                                        "tensor of shape (1, 1, 16) (the model of the run's config)")):
+    with pytest.raises(CheckpointError, match=re.escape("key 'model.encoder.conv.att_src' = a float32 tensor of shape "
+                                                        "(1, 1, 8); expected a floating-point tensor of shape (1, 1, "
+                                                        "16) (the model of the run's config)")):
         ckpt.load(expect=StateShapes.of(to_dict(load_config("fedgnn_paper", "synthetic", ["model.dim=16"])), 40, 12))
 
 
@@ -460,10 +472,12 @@ def test_fedrec_run_checks_a_resumed_runs_checkpoint_before_flower_starts(tmp_pa
     other["federation"] = {**other["federation"], "rounds": 7}
     cases = [
         (dict(state, items=torch.zeros(meta.num_items + 1, 8)), f"key 'items' = a float32 tensor of shape "
-         f"({meta.num_items + 1}, 8); expected shape ({meta.num_items}, 8): one row per item of width 8 (this run's config"),
-        (dict(state, uploads=[0] * (meta.num_users + 1)), f"key 'uploads' holds the upload counts of {meta.num_users + 1} "
-         f"users; expected {meta.num_users}"),
-        (dict(state, config=other), f"checkpoint {ckpt.folder} was written with a different config (sections ['federation'])"),
+         f"({meta.num_items + 1}, 8); expected shape ({meta.num_items}, 8): one row per item of width 8 "
+         f"(this run's config"),
+        (dict(state, uploads=[0] * (meta.num_users + 1)), f"key 'uploads' holds the upload counts of "
+         f"{meta.num_users + 1} users; expected {meta.num_users}"),
+        (dict(state, config=other), f"checkpoint {ckpt.folder} was written with a different config (sections "
+                                    f"['federation'])"),
     ]
     for spoiled, message in cases:
         ckpt.save(spoiled)
@@ -482,7 +496,8 @@ def test_an_in_process_run_told_to_resume_without_a_checkpoint_fails_in_one_line
     with pytest.raises(SystemExit) as stop:
         cli_main([*tiny_run(tmp_path), "checkpoint.resume=true", f"checkpoint.dir={folder}", "--data-dir",
                   str(tmp_path / "data"), "--in-process"])
-    assert str(stop.value) == f"run failed: CheckpointError: checkpoint.resume is set but there is no checkpoint at {folder / 'server.pt'}"
+    assert str(stop.value) == (f"run failed: CheckpointError: checkpoint.resume is set but there is no checkpoint at "
+                               f"{folder / 'server.pt'}")
 
 
 # -- results files for summary and plot -----------------------------------------------------------------------
@@ -499,12 +514,17 @@ GOOD_RESULTS = {"algorithm": "fedgnn", "dataset": "synthetic", "status": "finish
     (json.dumps({k: v for k, v in GOOD_RESULTS.items() if k != "algorithm"}), "no key 'algorithm'"),
     (json.dumps({**GOOD_RESULTS, "status": "done"}), "key 'status' = \"done\"; expected one of"),
     (json.dumps({**GOOD_RESULTS, "rounds": {}}), "key 'rounds' = {}; expected a list of round records"),
-    (json.dumps({**GOOD_RESULTS, "rounds": [{"round": 2, "rmse": "low"}]}), "key 'rounds[0].rmse' = \"low\"; expected a number"),
-    (json.dumps({**GOOD_RESULTS, "rounds": [{"rmse": 1.0}]}), "key 'rounds[0].round' = null; expected the round's number"),
+    (json.dumps({**GOOD_RESULTS, "rounds": [{"round": 2, "rmse": "low"}]}),
+     "key 'rounds[0].rmse' = \"low\"; expected a number"),
+    (json.dumps({**GOOD_RESULTS, "rounds": [{"rmse": 1.0}]}),
+     "key 'rounds[0].round' = null; expected the round's number"),
     (json.dumps({k: v for k, v in GOOD_RESULTS.items() if k != "wall_seconds"}), "key 'wall_seconds' = null"),
-    (json.dumps({**GOOD_RESULTS, "final": {"eval_ratings": 2.5}}), "key 'final.eval_ratings' = 2.5; expected an integer"),
-    (json.dumps({**GOOD_RESULTS, "baselines": {"bias": 1.0}}), "key 'baselines' = {\"bias\": 1.0}; expected the trivial"),
-    (json.dumps({**GOOD_RESULTS, "privacy": {"delta": 1e-5}}), "key 'privacy' = {\"delta\": 1e-05}; expected the accounted"),
+    (json.dumps({**GOOD_RESULTS, "final": {"eval_ratings": 2.5}}),
+     "key 'final.eval_ratings' = 2.5; expected an integer"),
+    (json.dumps({**GOOD_RESULTS, "baselines": {"bias": 1.0}}),
+     "key 'baselines' = {\"bias\": 1.0}; expected the trivial"),
+    (json.dumps({**GOOD_RESULTS, "privacy": {"delta": 1e-5}}),
+     "key 'privacy' = {\"delta\": 1e-05}; expected the accounted"),
 ])
 def test_a_bad_results_file_names_the_file_and_key(tmp_path, capsys, content, message):
     run = tmp_path / "run"
@@ -520,8 +540,8 @@ def test_a_bad_results_file_names_the_file_and_key(tmp_path, capsys, content, me
 
 def test_summary_and_plot_name_a_missing_run_and_an_unusable_plot_folder(tmp_path, capsys):
     assert fails(["summary", str(tmp_path / "gone")], capsys) == (
-        f"error: run {tmp_path / 'gone'}: no such folder or file; expected a run's output folder (holding results.json) "
-        "or its results.json")
+        f"error: run {tmp_path / 'gone'}: no such folder or file; expected a run's output folder (holding "
+        "results.json) or its results.json")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "results.json").write_text(json.dumps(GOOD_RESULTS))
     cli_main(["summary", str(tmp_path / "run")])
@@ -563,8 +583,9 @@ CHAINED = """\
 INFO :      [ROUND 2]
 """
 
-RAY_EMBEDDED = """\
-[fedrec_flwr.fedgnn] WARNING round 2: rejected: client failure: <'\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=3443, ip=1)
+RAY_EMBEDDED = ("""\
+[fedrec_flwr.fedgnn] WARNING round 2: rejected: client failure: <'\x1b[36mray::ClientAppActor.run()"""
+                """\x1b[39m (pid=3443, ip=1)
                   ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
   File "/v/flwr/clientapp/client_app.py", line 144, in __call__
     return self._call(message, context)
@@ -578,7 +599,7 @@ The above exception was the direct cause of the following exception:
 flwr.clientapp.client_app.ClientAppException:{TRAILING_SPACE}
 Exception ClientAppException occurred. Message: injected crash (round 2)'>)
 [fedrec_flwr.fedgnn] WARNING round 2: 0 accepted updates < min_clients=2; model unchanged
-""".format(TRAILING_SPACE=" ")  # Ray prints the exception's empty first message line with a trailing space
+""").format(TRAILING_SPACE=" ")  # Ray prints the exception's empty first message line with a trailing space
 
 
 def _filtered(text: str) -> list[str]:
@@ -596,7 +617,8 @@ def test_tracebacks_in_flwr_runs_output_become_one_line():
     assert _filtered("Traceback (most recent call last):\n  File \"z\"\n") == ["<hidden an exception>"]  # cut short
     lines = RAY_EMBEDDED.splitlines()  # Ray's remote traceback inside a log line's message, without its header
     assert _filtered(RAY_EMBEDDED) == [lines[0], "<hidden flwr.clientapp.client_app.ClientAppException:>", lines[-1]]
-    assert _filtered("\x1b[91mERROR \x1b[0m:     Traceback (most recent call last):\n  File \"f\", line 1\nOSError: x\n") \
+    assert _filtered("\x1b[91mERROR \x1b[0m:     Traceback (most recent call last):\n  File \"f\", line "
+                     "1\nOSError: x\n") \
         == ["\x1b[91mERROR \x1b[0m:     <hidden OSError: x>"]  # a traceback logged as a message keeps its log prefix
 
 
@@ -651,8 +673,8 @@ def test_a_failed_flwr_run_ends_with_the_drivers_reason_and_no_traceback(tmp_pat
     no traceback, its last line is the driver's reason, exit 1; the traceback is in <out>/flwr-run.log."""
     env = {k: v for k, v in os.environ.items() if k != "FEDREC_NB_ADMIN_TOKEN"}
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "fedrec_flwr.cli.commands", *tiny_run(tmp_path), "expansion.mode=fixed",
-                           "expansion.epoch=0", "expansion.service_address=127.0.0.1:9"],
+    proc = subprocess.run([sys.executable, "-m", "fedrec_flwr.cli.commands", *tiny_run(tmp_path),
+                           "expansion.mode=fixed", "expansion.epoch=0", "expansion.service_address=127.0.0.1:9"],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400)
     lines = proc.stdout.strip().splitlines()
     assert proc.returncode == 1, proc.stdout[-3000:]

@@ -174,14 +174,15 @@ def test_with_both_options_off_the_device_computes_the_papers_model(tiny_cfg):
     err = np.clip(query_pred.numpy().astype(np.float64), lo, hi) - data.test_values
     sse, sae, n = evaluate_user(model, user.state, data, rows, lo, hi)
     assert n == data.test_items.size > 0
-    assert sse == pytest.approx(float(np.sum(err**2)), rel=1e-5) and sae == pytest.approx(float(np.abs(err).sum()), rel=1e-5)
+    assert sse == pytest.approx(float(np.sum(err**2)), rel=1e-5) and sae == pytest.approx(float(np.abs(err).sum()),
+                                                                                          rel=1e-5)
 
 
 def test_with_both_options_on_a_quickstart_run_changes(tmp_path):
     """The switches do something when on: the same seeded quickstart run ends at another (finite) RMSE."""
     def run(*extra: str) -> float:
-        cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "federation.rounds=4", "federation.eval_every=4",
-                                               "federation.clients_per_round=48",
+        cfg = load_config("quickstart", None, [f"data.cache_dir={tmp_path}", "federation.rounds=4",
+                                               "federation.eval_every=4", "federation.clients_per_round=48",
                                                f"simulation.device_secrets={fixed_secrets(tmp_path)}", *extra])
         return run_in_process(cfg, log_every=0)["rmse"]
 

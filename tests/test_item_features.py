@@ -49,7 +49,8 @@ def test_movielens_genres_are_aligned_to_the_compacted_item_ids(tmp_path):
 @pytest.mark.parametrize("lines, message", [
     ([_item_line(3, [1]), _item_line(7, [2])], "no line for 1 rated item(s), e.g. id 10"),
     ([_item_line(3, [1]), "7|short line", _item_line(10, [2])], "u.item:2: expected 24 '|'-separated fields"),
-    ([_item_line(3, [1]), _item_line(7, [2]).replace("|1", "|2"), _item_line(10, [2])], "u.item:2: genre flags must be 0 or 1"),
+    ([_item_line(3, [1]), _item_line(7, [2]).replace("|1", "|2"), _item_line(10, [2])],
+     "u.item:2: genre flags must be 0 or 1"),
 ])
 def test_a_bad_item_catalogue_is_refused_naming_the_file_and_line(tmp_path, lines, message):
     root = _ml100k_fixture(tmp_path, lines)
@@ -59,7 +60,8 @@ def test_a_bad_item_catalogue_is_refused_naming_the_file_and_line(tmp_path, line
 
 
 def test_asking_for_features_a_dataset_does_not_have_is_an_error(tmp_path):
-    with pytest.raises(DataError, match="data.item_features = true, but dataset 'synthetic-md2' has no public item features"):
+    with pytest.raises(DataError, match="data.item_features = true, but dataset 'synthetic-md2' has no "
+                                        "public item features"):
         load_dataset("synthetic-md2", tmp_path, tmp_path / "cache", item_features=True)
     root = _ml100k_fixture(tmp_path, [])
     (root / "ml-100k" / "u.item").unlink()

@@ -15,8 +15,10 @@ def test_only_this_flower_homes_local_superlink_is_stopped(tmp_path, monkeypatch
     monkeypatch.setenv("FLWR_HOME", str(ours_home))
     for home in (ours_home, other_home):
         home.mkdir()
-    ours = subprocess.Popen([str(_script(tmp_path)), "--log-file", str(ours_home / "local-superlink" / "superlink.log")])
-    other = subprocess.Popen([str(_script(tmp_path)), "--log-file", str(other_home / "local-superlink" / "superlink.log")])
+    ours = subprocess.Popen([str(_script(tmp_path)), "--log-file",
+                             str(ours_home / "local-superlink" / "superlink.log")])
+    other = subprocess.Popen([str(_script(tmp_path)), "--log-file",
+                              str(other_home / "local-superlink" / "superlink.log")])
     try:
         deadline = time.time() + 10
         while ours.pid not in local_superlink_pids() and time.time() < deadline:

@@ -18,7 +18,8 @@ def _step(cfg, user: int = 3):
     torch.manual_seed(0)
     model = build_model(cfg.model, meta.scale.midpoint)
     state = init_user_state(DeviceSections.from_config(cfg), meta, data)
-    rows = (np.random.default_rng(1).standard_normal((state.anonymity_ids.size, cfg.model.dim)) * 0.1).astype(np.float32)
+    rows = (np.random.default_rng(1).standard_normal((state.anonymity_ids.size,
+                                                      cfg.model.dim)) * 0.1).astype(np.float32)
     step = local_gradients(DeviceSections.from_config(cfg), model, state, data, rows, np.random.default_rng(2))
     return step.model_grads, step.real_rows, step.loss, model, data
 

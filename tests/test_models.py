@@ -90,7 +90,8 @@ def test_biases_start_at_zero_so_a_new_model_predicts_as_the_paper_model():
     assert torch.equal(plain(batch, user, items)[0], biased(batch, user, items)[0])
 
 
-PYG_LAYERS = {"gat": lambda d: ("GATConv", dict(in_channels=d, out_channels=d, heads=2, concat=False, add_self_loops=True)),
+PYG_LAYERS = {"gat": lambda d: ("GATConv",
+                                dict(in_channels=d, out_channels=d, heads=2, concat=False, add_self_loops=True)),
               "gcn": lambda d: ("GCNConv", dict(in_channels=d, out_channels=d, add_self_loops=True)),
               "ggnn": lambda d: ("GatedGraphConv", dict(out_channels=d, num_layers=1))}
 

@@ -28,7 +28,8 @@ def test_user_files_round_trip_and_catalogue_holds_no_ratings(tiny_cfg, tmp_path
         np.testing.assert_array_equal(a, b)
     assert sorted(p.name for p in (tmp_path / "nodes").iterdir()) == ["catalogue.json", "user-3.npz", "user-7.npz"]
     raw = json.loads(cat_path.read_text())
-    assert set(raw) == {"algorithm", "dataset", "num_users", "num_items", "scale", "num_train", "num_test", "fingerprint", "num_item_features"}
+    assert set(raw) == {"algorithm", "dataset", "num_users", "num_items", "scale", "num_train", "num_test",
+                        "fingerprint", "num_item_features"}
     assert load_catalogue(cat_path)["meta"] == parts.meta
 
 

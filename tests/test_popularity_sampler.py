@@ -1,4 +1,5 @@
-"""Popularity-matched pseudo items: the LDP popularity report, the sampler, the attack it defeats, and the round-0 protocol."""
+"""Popularity-matched pseudo items: the LDP popularity report, the sampler, the attack it defeats, and the round-0
+protocol."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_reports_are_randomised_per_bit_and_their_sum_estimates_the_counts():
     true = np.zeros(num_items)
     total = np.zeros(num_items, np.int64)
     for _ in range(users):
-        own = rng.choice(num_items, size=5, replace=False, p=np.linspace(2, 0.1, num_items) / np.linspace(2, 0.1, num_items).sum())
+        own = rng.choice(num_items, size=5, replace=False,
+                         p=np.linspace(2, 0.1, num_items) / np.linspace(2, 0.1, num_items).sum())
         true[own] += 1
         bits = oue_report(rng, own, num_items, 2.0)
         assert bits.dtype == np.uint8 and set(np.unique(bits)) <= {0, 1}
@@ -109,8 +111,8 @@ def test_matched_sampler_runs_round_zero_and_resumes_exactly(tiny_cfg, tmp_path)
     drive(first, _nodes(cfg, parts, 5, 1, devices), last_round=7)  # reports, register, 5 training rounds
     assert first.last_checkpoint == 5
     resumed = tiny_cfg(*base, f"output_dir={tmp_path / 'killed'}", "checkpoint.resume=true")
-    second = FedGNNStrategy(resumed, meta.num_items, meta.scale.midpoint, RunRecorder(resumed.output_dir, "fedgnn", "s", {}),
-                            meta.num_users, rating_span=4.0)
+    second = FedGNNStrategy(resumed, meta.num_items, meta.scale.midpoint,
+                            RunRecorder(resumed.output_dir, "fedgnn", "s", {}), meta.num_users, rating_span=4.0)
     assert second.num_rounds == 3 and second.phase(1) == "register"
     drive(second, _nodes(resumed, parts, 5, 999, devices))
     assert second.rounds.final["rmse"] == pytest.approx(clean.rounds.final["rmse"], abs=1e-6)
@@ -156,7 +158,8 @@ def test_the_report_costs_epsilon_per_rating_and_composes_into_the_user_total():
     many = budget(0.05, 0.3, np.array([100]), np.array([50]), 1e-6, report_bits=1000, report_epsilon=1.0)
     alone = ldp_epsilon(0.05, 0.3, 0, 1e-6, 1000, 1.0)
     assert alone < 1000.0 and many["popularity_report"]["per_user_tight"] == pytest.approx(alone, rel=1e-9)
-    assert many["per_user_run"]["max"]["tight"] == pytest.approx(ldp_epsilon(0.05, 0.3, 5000, 1e-6, 1000, 1.0), rel=1e-9)
+    assert many["per_user_run"]["max"]["tight"] == pytest.approx(ldp_epsilon(0.05, 0.3, 5000, 1e-6, 1000, 1.0),
+                                                                 rel=1e-9)
 
 
 def test_exhausted_strata_are_topped_up_to_the_servers_minimum():

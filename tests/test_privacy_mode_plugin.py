@@ -20,8 +20,8 @@ def check_config(cfg) -> None:
     """Everyone trains every round, so a sample size would be meaningless: it must name every user."""
     ldp.check_config(cfg)
     if cfg.federation.clients_per_round < cfg.data.synthetic.num_users:
-        raise ConfigError("privacy.mode = 'ldp_everyone' trains every user each round; set federation.clients_per_round "
-                          "to the number of users")
+        raise ConfigError("privacy.mode = 'ldp_everyone' trains every user each round; set "
+                          "federation.clients_per_round to the number of users")
 
 
 class Device(ldp.Device):

@@ -32,7 +32,8 @@ def test_recorder_merges_records_of_a_round_and_writes_csv(tmp_path):
 
 
 def test_plot_writes_one_png_per_metric(tmp_path):
-    files = plot_runs([str(_run(tmp_path, "a", [1.2, 1.1])), str(_run(tmp_path, "b", [1.3, 1.0]))], str(tmp_path / "plots"))
+    files = plot_runs([str(_run(tmp_path, "a", [1.2, 1.1])), str(_run(tmp_path, "b", [1.3, 1.0]))],
+                      str(tmp_path / "plots"))
     names = sorted(p.name for p in files)
     assert names == ["rmse.png", "round_seconds.png"]
     assert all(p.stat().st_size > 1000 and p.read_bytes()[:4] == b"\x89PNG" for p in files)
@@ -95,7 +96,8 @@ def test_a_fedgnn_run_prints_one_line_per_round(tiny_cfg, capsys):
     meta = parts.meta
     strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, RunRecorder(cfg.output_dir, "fedgnn", "s", {}),
                               meta.num_users, rating_span=4.0)
-    clients = {u: FedGNNClient(cfg, meta, [u], parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET) for u in range(meta.num_users)}
+    clients = {u: FedGNNClient(cfg, meta, [u], parts.user, NodeStateStore(RecordDict()), secret=TEST_SECRET)
+               for u in range(meta.num_users)}
     capsys.readouterr()
     drive(strategy, clients)
     lines = _lines(capsys)

@@ -167,7 +167,8 @@ def test_fedgnn_headline_commands_run_the_settings_their_runs_were_recorded_with
         return got
 
     checked = 0
-    for row in (r for r in results_page.ROWS if Path(r.source).name.startswith("converged-")):  # benchmarks.converged_runs
+    # benchmarks.converged_runs
+    for row in (r for r in results_page.ROWS if Path(r.source).name.startswith("converged-")):
         preset, dataset = (row.command.split(f"--{flag} ")[1].split()[0] for flag in ("preset", "dataset"))
         cfg = load_config(preset, dataset)
         for run in results_page.selected(row):

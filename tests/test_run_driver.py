@@ -1,5 +1,5 @@
-"""fedrec run (fedrec_flwr.cli.runner): its wrapper around `flwr run` (output and exit code pass through, and a driver that
-is killed stops its run on the SuperLink instead of leaving the simulation training), and its default
+"""fedrec run (fedrec_flwr.cli.runner): its wrapper around `flwr run` (output and exit code pass through, and a driver
+that is killed stops its run on the SuperLink instead of leaving the simulation training), and its default
 output folder when `--out` is not given."""
 
 import json
@@ -76,11 +76,13 @@ def test_the_default_output_folder_names_preset_dataset_and_seed():
     assert default_out("fppdm", "amazon-phone-elec", 0) == Path("outputs/fppdm-amazon-phone-elec-s0")
     assert default_out("fppdm_pp", "disencdr:phone_elec", 2) == Path("outputs/fppdm_pp-disencdr-phone_elec-s2")
     assert default_out("fedgnn_paper", "a/../b c", 1) == Path("outputs/fedgnn_paper-a-..-b-c-s1")
-    assert default_out("fedgnn_paper", "ml-100k", 0, centralized=True) == Path("outputs/fedgnn_paper-ml-100k-s0-centralized")
+    assert default_out("fedgnn_paper", "ml-100k", 0,
+                       centralized=True) == Path("outputs/fedgnn_paper-ml-100k-s0-centralized")
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["--preset", "fppdm", "--dataset", "amazon-phone-elec", "--data-dir", "DATA"], "outputs/fppdm-amazon-phone-elec-s0"),
+    (["--preset", "fppdm", "--dataset", "amazon-phone-elec", "--data-dir", "DATA"],
+     "outputs/fppdm-amazon-phone-elec-s0"),
     (["--preset", "fppdm", "--dataset", "disencdr:phone_elec", "--seed", "3"], "outputs/fppdm-disencdr-phone_elec-s3"),
     (["--preset", "quickstart"], "outputs/quickstart-synthetic-s0"),  # the preset's own dataset
     (["--preset", "quickstart", "--out", "elsewhere/run"], "elsewhere/run"),
@@ -109,15 +111,18 @@ def test_the_staged_app_builds_the_same_fab_without_entering_ignored_folders(tmp
     from fedrec_flwr.flower.app_source import app_files, staged_app
 
     project = tmp_path / "project"
-    for rel, text in {"pyproject.toml": (run_driver.ROOT / "pyproject.toml").read_text(), ".gitignore": ".venv/\noutputs/\n*.pyc\n",
-                      "fedrec_flwr/app.py": "x = 1\n", "conf/a.yaml": "k: 1\n", ".venv/lib/site.py": "y = 2\n",
-                      "outputs/latest/results.json": "{}", "fedrec_flwr/app.pyc": "", "README.md": "# r\n"}.items():
+    for rel, text in {"pyproject.toml": (run_driver.ROOT / "pyproject.toml").read_text(),
+                      ".gitignore": ".venv/\noutputs/\n*.pyc\n", "fedrec_flwr/app.py": "x = 1\n",
+                      "conf/a.yaml": "k: 1\n", ".venv/lib/site.py": "y = 2\n", "outputs/latest/results.json": "{}",
+                      "fedrec_flwr/app.pyc": "", "README.md": "# r\n"}.items():
         (project / rel).parent.mkdir(parents=True, exist_ok=True)
         (project / rel).write_text(text)
-    assert sorted(app_files(project)) == [".gitignore", "README.md", "conf/a.yaml", "fedrec_flwr/app.py", "pyproject.toml"]
+    assert sorted(app_files(project)) == [".gitignore", "README.md", "conf/a.yaml", "fedrec_flwr/app.py",
+                                          "pyproject.toml"]
     with staged_app(project, tmp_path / "cache") as app:
         staged = build_fab_from_disk(app)
-        assert sorted(p.relative_to(app).as_posix() for p in app.rglob("*") if p.is_file()) == sorted(app_files(project))
+        assert sorted(p.relative_to(app).as_posix() for p in app.rglob("*")
+                      if p.is_file()) == sorted(app_files(project))
     assert not any((tmp_path / "cache").iterdir())  # removed after the run
     assert staged == build_fab_from_disk(project)
     assert "fedrec_flwr/app.py" in zipfile.ZipFile(io.BytesIO(staged)).namelist()

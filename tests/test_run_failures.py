@@ -56,10 +56,10 @@ def test_a_server_app_that_fails_at_start_exits_non_zero_with_the_reason(tmp_pat
     (out / "results.json").write_text(json.dumps({"status": "finished", "final": {"rmse": 0.123}, "rounds": []}))
     with pytest.raises(SystemExit) as stop:
         run_main([
-            "--preset", "fedgnn_paper", "--dataset", "synthetic", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
-            "--set", "data.synthetic.num_users=12", "data.synthetic.num_items=40", "data.synthetic.mean_degree=8",
-            "model.dim=8", "privacy.pseudo_items=10", "federation.rounds=1", "federation.clients_per_round=4",
-            "checkpoint.resume=true",
+            "--preset", "fedgnn_paper", "--dataset", "synthetic", "--out", str(out), "--cache-dir",
+            str(tmp_path / "cache"), "--set", "data.synthetic.num_users=12", "data.synthetic.num_items=40",
+            "data.synthetic.mean_degree=8", "model.dim=8", "privacy.pseudo_items=10", "federation.rounds=1",
+            "federation.clients_per_round=4", "checkpoint.resume=true",
         ])
     assert "federated run failed" in str(stop.value) and "no checkpoint at" in str(stop.value)
     assert "0.123" not in capsys.readouterr().out

@@ -226,7 +226,8 @@ def test_registering_a_device_again_gives_the_server_the_same_anonymity_set(tiny
 
     def register(run_cfg, data) -> np.ndarray:
         store.states.clear()  # a new run: no user state, the same device
-        return FedGNNUser(DeviceSections.from_config(run_cfg), meta, data, store, model=model).register().astype(np.int64)
+        return FedGNNUser(DeviceSections.from_config(run_cfg), meta, data, store,
+                          model=model).register().astype(np.int64)
 
     first = register(cfg, parts.user(4))
     assert register(tiny_cfg("privacy.pseudo_items=10"), parts.user(4)).tolist() == first.tolist()

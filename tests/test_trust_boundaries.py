@@ -36,7 +36,8 @@ def test_honest_ldp_uploads_pass_and_out_of_range_ones_are_refused(tiny_cfg):
         upload = privatize([rng.normal(0, 5, coordinates).astype(np.float32)], 0.1, 0.2, rng)
         check_upload_bounds(cfg.privacy, cfg.merge, upload)
     poisoned = [np.full(coordinates, 50.0, np.float32), np.full(coordinates, bound * 1.01, np.float32),
-                np.r_[np.zeros(coordinates - 1), -bound * 1.5].astype(np.float32), np.full(coordinates, 1e30, np.float32)]
+                np.r_[np.zeros(coordinates - 1), -bound * 1.5].astype(np.float32),
+                np.full(coordinates, 1e30, np.float32)]
     for upload in poisoned:
         with pytest.raises(UploadRejected, match="exceeds the LDP bound"):
             check_upload_bounds(cfg.privacy, cfg.merge, [upload])
@@ -91,7 +92,9 @@ def test_without_ldp_the_operator_norm_bound_applies(tiny_cfg):
     with pytest.raises(UploadRejected, match="model gradients: L2 norm"):  # per block: each within the bound
         check_upload_bounds(cfg.privacy, cfg.merge, [np.full(16, 3.0, np.float32), np.full(16, 2.0, np.float32)])
     check_upload_bounds(cfg.privacy, cfg.merge, [np.full(16, 2.0, np.float32), np.full(16, 2.0, np.float32)])
-    check_upload_bounds(tiny_cfg("privacy.ldp=false").privacy, tiny_cfg("privacy.ldp=false").merge, [np.full(16, 1e6, np.float32)])  # 0: no bound set
+    # 0: no bound set
+    check_upload_bounds(tiny_cfg("privacy.ldp=false").privacy, tiny_cfg("privacy.ldp=false").merge,
+                        [np.full(16, 1e6, np.float32)])
 
 
 SHAPES = [(3, 2), ()]
@@ -155,7 +158,8 @@ def _rounds(cfg, num_users=4, num_items=20, set_size=20, test_count=2):
 def test_dishonest_evaluation_replies_are_refused_and_counted(tiny_cfg, metrics, why):
     rounds = _rounds(tiny_cfg())
     honest = [NodeReply(100 + u, metrics={"sse": 2.0, "sae": 2.0, "n": 2}) for u in range(3)]
-    out = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), [*honest, NodeReply(103, metrics=metrics)], failures=0)
+    out = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), [*honest, NodeReply(103, metrics=metrics)],
+                          failures=0)
     assert out["rmse"] == pytest.approx(1.0) and out["eval_ratings"] == 6  # the honest nodes alone
     assert rounds.eval_rejections == 1 and why in rounds.rejections[-1][1]
 
@@ -173,7 +177,8 @@ def test_one_node_moves_the_rmse_by_at_most_its_committed_share(tiny_cfg):
         rmse = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), spoofed, failures=0)["rmse"]
         assert low - 1e-12 <= rmse <= high + 1e-12 and rmse != clean
     inflated = [*honest[:9], NodeReply(109, metrics={"sse": 0.0, "sae": 0.0, "n": 20})]  # claims its set's size
-    assert rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), inflated, failures=0)["eval_ratings"] == 45  # refused: the other nine alone
+    # refused: the other nine alone
+    assert rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), inflated, failures=0)["eval_ratings"] == 45
 
 
 def test_a_registration_commits_a_test_count_within_its_set(tiny_cfg):
@@ -189,7 +194,9 @@ def test_a_registration_commits_a_test_count_within_its_set(tiny_cfg):
 
 def test_evaluation_from_a_node_not_asked_is_refused(tiny_cfg):
     rounds = _rounds(tiny_cfg())
-    out = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), [NodeReply(100, metrics={"sse": 2.0, "sae": 2.0, "n": 2}),
+    out = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), [NodeReply(100, metrics={"sse": 2.0,
+                                                                                                    "sae": 2.0,
+                                                                                                    "n": 2}),
                               NodeReply(999, metrics={"sse": 0.0, "sae": 0.0, "n": 1000})], failures=0)
     assert out["eval_ratings"] == 2 and "not asked to evaluate" in rounds.rejections[-1][1]
 
@@ -200,7 +207,8 @@ def test_an_evaluation_reply_claiming_more_absolute_error_than_its_ratings_allow
     and left out of the MAE and RMSE, whatever (in-bound) SSE it sends with it."""
     rounds = _rounds(tiny_cfg())
     honest = [NodeReply(100 + u, metrics={"sse": 2.0, "sae": 2.0, "n": 2}) for u in range(3)]  # each error 1
-    worst = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)), [*honest, NodeReply(103, metrics={"sse": 32.0, "sae": 8.0, "n": 2})], failures=0)
+    worst = rounds.evaluate(rounds.plan_eval(5, set(rounds.bindings.nodes)),
+                            [*honest, NodeReply(103, metrics={"sse": 32.0, "sae": 8.0, "n": 2})], failures=0)
     assert rounds.eval_rejections == 0 and worst["eval_ratings"] == 8
     assert worst["mae"] == pytest.approx((6.0 + 8.0) / 8)  # both errors at the full range: still a possible reply
     for sae in (9.0, 1e6):
@@ -229,7 +237,8 @@ def test_eval_fraction_asks_a_fixed_sample_of_that_share_of_the_users(tiny_cfg, 
                             for node, users in hosted.items()], time.time())
         assert not rounds.rejections and len(rounds.test_counts) == num_users
         first = rounds.plan_eval(5, set(hosted)).nodes
-        assert rounds.plan_eval(5, set(hosted)).nodes == first  # a fixed sample: every evaluation round asks the same users
+        # a fixed sample: every evaluation round asks the same users
+        assert rounds.plan_eval(5, set(hosted)).nodes == first
         return first
 
     everyone = plan(1.0)
@@ -291,7 +300,8 @@ def test_a_reply_naming_more_users_than_its_node_hosts_costs_one_rejection(tiny_
     assert "names 6 users; the node may speak for at most 5" in popular.rejections[-1][1]
     from fedrec_flwr.fedgnn.bindings import listed
 
-    operator = FedGNNRounds.from_config(cfg, rounds.server, NodeBindings(40, listed({3: frozenset([0])})), rating_span=4.0)
+    operator = FedGNNRounds.from_config(cfg, rounds.server, NodeBindings(40, listed({3: frozenset([0])})),
+                                        rating_span=4.0)
     operator.register(1, [NodeReply(9, frame_registration([0], [np.arange(20)], [2]))], time.time())  # an unlisted node
     assert "user 0 is not assigned to node 9" in operator.rejections[-1][1]  # told why, not only how many
 
@@ -314,8 +324,8 @@ def test_checkpoints_load_without_running_code(tmp_path):
 def test_damaged_or_foreign_checkpoints_name_the_file(tmp_path, damage):
     ckpt = Checkpointer(tmp_path)
     full = {"model": {"w": torch.ones(3)}, "items": torch.ones(2, 2), "model_opt": {}, "item_opt": {},
-            "torch_rng": torch.get_rng_state(), "logical_round": 3, "train_rounds_done": 2, "rounds_not_applied": 0, "history": [],
-            "rejections": [], "uploads": [0, 1], "eval_rejected": 0, "config": {}}
+            "torch_rng": torch.get_rng_state(), "logical_round": 3, "train_rounds_done": 2, "rounds_not_applied": 0,
+            "history": [], "rejections": [], "uploads": [0, 1], "eval_rejected": 0, "config": {}}
     ckpt.save(full)
     assert ckpt.load()["logical_round"] == 3
     if damage == "empty":

@@ -52,7 +52,8 @@ def test_calibration_leaves_room_for_the_released_evaluations_and_charges_them()
     sigma = calibrate_noise_multiplier(q, rounds, 8.0, 1e-5, released_evaluations(rounds, 100), 4.0)
     assert released_evaluations(rounds, 100) == 1 and released_evaluations(rounds, 20) == 5
     assert sigma > alone  # the evaluation's share of the budget costs training noise
-    assert _direct_epsilon(q, sigma, rounds, 1e-5, 1, 4.0) <= 8.0 < _direct_epsilon(q, sigma * 0.99, rounds, 1e-5, 1, 4.0)
+    assert _direct_epsilon(q, sigma, rounds, 1e-5, 1, 4.0) <= 8.0 < _direct_epsilon(q, sigma * 0.99, rounds, 1e-5,
+                                                                                    1, 4.0)
     acc = UserDPAccountant(943, q, sigma, 1.0, 1e-5, 8.0, 4.0, 100)
     for _ in range(rounds):
         acc.record_round(sigma)
@@ -202,7 +203,8 @@ def test_the_server_refuses_an_aggregate_no_honest_round_can_give():
 
 
 def _honest_sum(rng, d: int, users: int, std: float, aligned: bool) -> np.ndarray:
-    """users clipped updates of norm C = 1 (all in one direction when aligned: the largest honest signal) + N(0, std^2)."""
+    """users clipped updates of norm C = 1 (all in one direction when aligned: the largest honest signal) + N(0,
+    std^2)."""
     signal = np.zeros(d)
     if aligned:
         signal[:] = users / np.sqrt(d)

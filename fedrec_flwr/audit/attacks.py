@@ -43,7 +43,8 @@ from fedrec_flwr.fedgnn.user import (
 from fedrec_flwr.models.rating_gnn import RatingGNN, build_model, row_width
 from fedrec_flwr.privacy.popularity import estimate_counts
 
-FEATURES = ("l2 norm", "l1 norm", "max |x|", "mean", "projection on mean row", "|top principal component|", "standardised distance")
+FEATURES = ("l2 norm", "l1 norm", "max |x|", "mean", "projection on mean row", "|top principal component|",
+            "standardised distance")
 
 
 def row_features(rows: np.ndarray) -> np.ndarray:
@@ -93,7 +94,8 @@ def user_steps(cfg: AppConfig, users: int) -> Iterator[UserStep]:
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
     device_cfg = DeviceSections.from_config(cfg)
     popularity = None
-    if cfg.privacy.pseudo_sampler == "popularity":  # the counts every user's report adds up to, as round 0 publishes them
+    # the counts every user's report adds up to, as round 0 publishes them
+    if cfg.privacy.pseudo_sampler == "popularity":
         reports = [popularity_report(device_cfg, meta, parts.user(u)) for u in range(meta.num_users)]
         popularity = estimate_counts(np.sum(reports, axis=0), len(reports), cfg.privacy.popularity_epsilon)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
@@ -162,7 +164,8 @@ def model_gradient_auc(cfg: AppConfig, users: int) -> dict[str, float]:
         if step.data.item_features is not None:
             g_map = upload[[n for n, _ in step.model.named_parameters()].index("item_feature_map")]
             features = step.data.item_features[step.state.anonymity_ids]
-            feature_map.append(separation_auc(np.einsum("jk,kl,jl->j", features, g_map, upload[-1][:, :d]), step.is_real))
+            feature_map.append(separation_auc(np.einsum("jk,kl,jl->j", features, g_map, upload[-1][:, :d]),
+                                              step.is_real))
     out = {"sent rows vs weight gradients": max(float(np.mean(v)) for v in per_weight.values())}
     if feature_map:
         out["feature map"] = float(np.mean(feature_map))
@@ -267,8 +270,10 @@ def registration_popularity_attack(cfg: AppConfig) -> dict:
 
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
-    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, num_item_features=meta.num_item_features)
-    rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1), meta.scale.high - meta.scale.low)
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint,
+                                      num_item_features=meta.num_item_features)
+    rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1),
+                                      meta.scale.high - meta.scale.low)
     store = MemoryStore()
     users = [u for u in range(meta.num_users) if parts.user(u).train_items.size]
     device_cfg = DeviceSections.from_config(cfg)
@@ -279,8 +284,8 @@ def registration_popularity_attack(cfg: AppConfig) -> dict:
     for u in users:
         train_popularity[parts.user(u).train_items] += 1
     sets = dict(server.anonymity_sets)
-    out = {"users": len(users), "items": meta.num_items, "mean_set_size": float(np.mean([s.size for s in sets.values()])),
-           "rejected": len(rounds.rejections)}
+    out = {"users": len(users), "items": meta.num_items,
+           "mean_set_size": float(np.mean([s.size for s in sets.values()])), "rejected": len(rounds.rejections)}
     for name, scores in (("observed set counts", None), ("true training popularity", train_popularity)):
         out[name] = popularity_attack(sets, own, scores)._asdict()
     for how in ("lift", "cosine"):

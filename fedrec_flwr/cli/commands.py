@@ -69,12 +69,13 @@ def _parser() -> argparse.ArgumentParser:
                      "(--in-process: its checkpoints' folder, default output_dir)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--device-secrets", default="", metavar="FILE",
-                     help="fix the simulated devices' secrets to FILE (created if missing, mode 600) so the run replays "
-                          "bit for bit; default: each device draws its own, fresh (simulation.device_secrets)")
+                     help="fix the simulated devices' secrets to FILE (created if missing, mode 600) so the run "
+                          "replays bit for bit; default: each device draws its own, fresh (simulation.device_secrets)")
     how = run.add_mutually_exclusive_group()
     how.add_argument("--centralized", action="store_true", help="train the centralized reference instead")
     how.add_argument("--in-process", action="store_true", help="FedGNN's round core in this process, no Flower")
-    run.add_argument("--device", default="", help="--in-process only: torch device of the users (default cpu; cuda, cuda:1)")
+    run.add_argument("--device", default="",
+                     help="--in-process only: torch device of the users (default cpu; cuda, cuda:1)")
 
     config = sub.add_parser("config", help="print the resolved config (--explain: where each value came from)")
     _add_run_selection(config)
@@ -92,7 +93,8 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dirs", nargs="*", default=["outputs/latest"])
     plot.add_argument("--out", default="", help="folder for the PNGs (default: <first run>/plots)")
 
-    page = sub.add_parser("results-page", help="the headline table of BENCHMARKS.md and README.md, from benchmarks/results")
+    page = sub.add_parser("results-page",
+                          help="the headline table of BENCHMARKS.md and README.md, from benchmarks/results")
     page.add_argument("--write", action="store_true", help="replace the marked blocks in BENCHMARKS.md and README.md")
     for command in (run, config, baselines, summary, plot, page):  # `fedrec run --debug` works as `fedrec --debug run`
         _add_debug(command, argparse.SUPPRESS)

@@ -63,12 +63,15 @@ def register_users(rounds: FedGNNRounds, users: list[int], user: Callable[[int],
     if rounds.first_round == 0 and not resumed:
         rounds.popularity(0, [NodeReply(d.user, frame_users([d.user], [[d.report_popularity()]], 1)) for d in devices],
                           time.time())
-    popularity = None if resumed else published_popularity(rounds.server.registration_download(), rounds.server.num_items)
-    rounds.register(1, [NodeReply(d.user, frame_registration([d.user], [d.register(popularity)], [d.registered_test_count]))
+    popularity = None if resumed else published_popularity(rounds.server.registration_download(),
+                                                           rounds.server.num_items)
+    rounds.register(1, [NodeReply(d.user, frame_registration([d.user], [d.register(popularity)],
+                                                             [d.registered_test_count]))
                         for d in devices], time.time())
 
 
-def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5, server_device: torch.device | None = None,
+def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5,
+                   server_device: torch.device | None = None,
                probe: Callable[[FedGNNServer, Callable[..., float], Callable[[int], FedGNNUser]], dict] | None = None,
                tamper: Callable[[int, int, list[np.ndarray]], list[np.ndarray]] | None = None,
                record: bool = False) -> dict:
@@ -109,8 +112,9 @@ def _run(cfg, parts: UserPartitions, recorder: RunRecorder | None, baselines_of,
     """`run_in_process`'s body, with its recorder (None: nothing written)."""
     meta = parts.meta
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
-    rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1), meta.scale.high - meta.scale.low,
-                                      recorder=recorder, test_ratings=meta.num_test, baselines=baselines_of)
+    rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1),
+                                      meta.scale.high - meta.scale.low, recorder=recorder, test_ratings=meta.num_test,
+                                      baselines=baselines_of)
     store = MemoryStore()
     checkpointer = Checkpointer(checkpoint_folder(cfg)) if cfg.checkpoint.every or cfg.checkpoint.resume else None
     resumed = None
@@ -120,14 +124,16 @@ def _run(cfg, parts: UserPartitions, recorder: RunRecorder | None, baselines_of,
         rounds.check_resume_point(checkpointer.path, resumed)
         store.states = checkpointed_users(checkpointer.path, resumed, parts, cfg, server.min_rows())
     device_cfg = DeviceSections.from_config(cfg)  # the simulation's fixed secret, or a fresh one
-    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)  # one device-side model, shared by users in turn
+    # one device-side model, shared by users in turn
+    model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
 
     def user(u: int) -> FedGNNUser:
         return FedGNNUser(device_cfg, meta, parts.user(u), store, device, model)
 
     users = list(range(meta.num_users))  # every user registers, as under flwr run: cold users are scored too
     if rounds.is_secure(PHASE_TRAIN) and (tamper is not None or probe is not None):
-        raise ValueError("tamper and probe read per-user uploads and anonymity sets, which a secure-sum privacy mode has not")
+        raise ValueError("tamper and probe read per-user uploads and anonymity sets, which a secure-sum "
+                         "privacy mode has not")
     done, history, before = 1, [], 0.0  # registration is logical round 1
     if resumed is not None:
         history, before = checkpointed_history(checkpointer.path, resumed, len(rounds.schedule))
@@ -176,10 +182,11 @@ def checkpointed_history(path: Path, state: dict, total: int) -> tuple[list[dict
     after registration up to the checkpoint's (before the run's last), each with its seconds."""
     done, history, elapsed = state["logical_round"], state["history"], state.get("elapsed_seconds")
     if done >= total:
-        raise CheckpointError(f"{path}: key 'logical_round' = {done}; expected a round before this run's last ({total})")
+        raise CheckpointError(f"{path}: key 'logical_round' = {done}; expected a round before this run's "
+                              f"last ({total})")
     if len(history) != done - 1 or not all(isinstance(h.get("round_seconds"), float) for h in history):
-        raise CheckpointError(f"{path}: key 'history' holds {len(history)} records; expected {done - 1}, one per logical "
-                              f"round from 2 to {done}, each with its round_seconds")
+        raise CheckpointError(f"{path}: key 'history' holds {len(history)} records; expected {done - 1}, one per "
+                              f"logical round from 2 to {done}, each with its round_seconds")
     if not isinstance(elapsed, float) or not (math.isfinite(elapsed) and elapsed >= 0):
         raise CheckpointError(f"{path}: key 'elapsed_seconds' = {elapsed!r}; expected the seconds the run had taken "
                               "(a finite float >= 0)")
@@ -198,15 +205,18 @@ def checkpointed_users(path: Path, state: dict, parts: UserPartitions, cfg, min_
     cap = cfg.expansion.max_neighbours if cfg.expansion.mode != "none" else 0
     states, handles = {}, set()
     for u, blob in enumerate(blobs):
-        if not isinstance(blob, torch.Tensor) or blob.layout != torch.strided or blob.dtype != torch.uint8 or blob.ndim != 1:
-            raise CheckpointError(f"{path}: key 'user_states[{u}]' is not a dense 1-D uint8 tensor (an encoded user state)")
+        if (not isinstance(blob, torch.Tensor) or blob.layout != torch.strided or blob.dtype != torch.uint8
+                or blob.ndim != 1):
+            raise CheckpointError(f"{path}: key 'user_states[{u}]' is not a dense 1-D uint8 tensor (an "
+                                  f"encoded user state)")
         try:
             st = decode_state(blob.numpy().tobytes())
         except ValueError as exc:
             raise CheckpointError(f"{path}: key 'user_states[{u}]': {exc}") from None
         problem = user_state_problem(st, dim=cfg.model.dim, num_items=meta.num_items, own=own_items(parts.user(u)),
-                                     min_rows=min_rows, whole_table=privacy_mode(cfg.privacy.mode).part("Device").whole_table, max_neighbours=cap,
-                                     offset=cfg.model.user_offset)
+                                     min_rows=min_rows,
+                                     whole_table=privacy_mode(cfg.privacy.mode).part("Device").whole_table,
+                                     max_neighbours=cap, offset=cfg.model.user_offset)
         if problem is None and st.handle in handles:
             problem = "the handle of another user; expected its own"
         if problem is not None:
@@ -228,9 +238,9 @@ def expand_users(rounds: FedGNNRounds, logical: int, phase: str, users: list[int
 
 def evaluate_secure_sum(cfg, rounds: FedGNNRounds, server: FedGNNServer, users: list[int],
                      user: Callable[[int], FedGNNUser], logical: int, started: float) -> dict:
-    """A secure-sum evaluation round in-process, as its record: the released evaluation (every user its own node, all reporting: the N
-    shares of sigma_e / sqrt(K) drawn as one; `FedGNNRounds.evaluate_sum`, charged) and, beside it, the exact RMSE of
-    every test rating, which only a simulation can compute (no party of a deployment ever holds it)."""
+    """A secure-sum evaluation round in-process, as its record: the released evaluation (every user its own node, all
+    reporting: the N shares of sigma_e / sqrt(K) drawn as one; `FedGNNRounds.evaluate_sum`, charged) and, beside it, the
+    exact RMSE of every test rating, which only a simulation can compute (no party of a deployment ever holds it)."""
     weights, table = server.model_weights(), server.table()
     everyone = [u for us in rounds.plan_evaluate_sum(set(users)).values() for u in us]
     std = charged_multiplier(rounds.mechanism.ledger.eval_sigma, len(everyone), rounds.mechanism.secure_floor)
@@ -286,7 +296,8 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
             _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
             uploads = dict(zip(hosted, train_users([user(u) for u in hosted], weights, rows, rnd, round_config,
                                                    cfg.simulation.user_batch)))
-            replies = [NodeReply(node, frame_train_upload(us, [uploads[u] if tamper is None else tamper(u, rnd, uploads[u])
+            replies = [NodeReply(node, frame_train_upload(us, [uploads[u] if tamper is None
+                                                               else tamper(u, rnd, uploads[u])
                                                                for u in us])) for node, us in plan.nodes.items()]
             out = rounds.train(plan, replies, [], t0, 0.0)
         rec = {"round": rounds.train_rounds_done, "round_seconds": time.time() - t0, "clients": out["accepted"],
@@ -299,7 +310,8 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
                     replies, plan = [], rounds.plan_eval(rnd, connected)
                     for node, hosted in plan.nodes.items():
                         _, _, rows = split_download(rounds.download(hosted, weights), len(weights))
-                        sse, sae, n = (sum(x) for x in zip(*(user(u).evaluate(weights, r) for u, r in zip(hosted, rows))))
+                        sse, sae, n = (sum(x) for x in zip(*(user(u).evaluate(weights, r)
+                                                             for u, r in zip(hosted, rows))))
                         replies.append(NodeReply(node, metrics={"sse": sse, "sae": sae, "n": int(n)}))
                     return rounds.evaluate(plan, replies, 0)["rmse"]
                 table = server.table() if table is None else table
@@ -318,7 +330,8 @@ def _run_rounds(cfg, rounds: FedGNNRounds, server: FedGNNServer, meta, users: li
             if probe is not None:
                 rec.update(probe(server, rmse, user))
             if log_every:
-                print(f"[in-process] round {rec['round']} rmse {rec['rmse']:.4f} ({rec['round_seconds']:.2f}s/round)", flush=True)
+                print(f"[in-process] round {rec['round']} rmse {rec['rmse']:.4f} ({rec['round_seconds']:.2f}s/round)",
+                      flush=True)
         history.append(rec)
         if save_checkpoint is not None and rnd < total and lifecycle.checkpoints_after(rnd, rounds.train_rounds_done):
             save_checkpoint(rnd)

@@ -44,7 +44,8 @@ FLWR_LOG = "flwr-run.log"  # in the output folder: `flwr run`'s whole output, tr
 TRACEBACK_HEADER = re.compile(r"Traceback \(most recent call last\):\s*$")
 FRAME_LINE = re.compile(r'^\s+File "[^"]*", line \d+')
 CARET_LINE = re.compile(r"^\s+[\^~]+\s*$")
-EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(\([\w.]*\))?:(\s|$)|^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\s*$")
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(\([\w.]*\))?:(\s|$)"
+                            r"|^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\s*$")
 RAY_ACTOR = re.compile(r"^(\x1b\[[0-9;]*m)?ray::\S+ \(pid=\d+")  # the header Ray puts before a remote traceback
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 RAY_PREFIX = re.compile(r"^\([^()]*pid=\d+[^()]*\) ?")  # a Ray worker's output: "(ClientAppActor pid=123) ..."
@@ -208,7 +209,8 @@ class RunRequest:
     def config(self, *extra: str):
         """The run's validated AppConfig (data and cache folders, the overrides, then `extra`)."""
         return load_config(self.preset, self.dataset or None, [f"data.data_dir={self.data_dir}",
-                                                               f"data.cache_dir={self.cache_dir}", *self.overrides, *extra])
+                                                               f"data.cache_dir={self.cache_dir}", *self.overrides,
+                                                               *extra])
 
     def default_out(self, centralized: bool = False) -> Path:
         """outputs/<preset>-<dataset>-s<seed>[-centralized] for this request (`default_out`)."""
@@ -283,7 +285,8 @@ def run_federated(request: RunRequest, out: Path) -> dict:
     run_config = _run_config(request, out)
     with folder_lock(out, "output folder"):  # another live run into `out` is refused here
         num_nodes = get_algorithm(cfg.algorithm).part("nodes")(cfg)  # data prepared once here, read by every client
-        for stale in ("results.json", "rounds.csv", FLWR_LOG):  # an earlier run's results are never reported as this one's
+        # an earlier run's results are never reported as this one's
+        for stale in ("results.json", "rounds.csv", FLWR_LOG):
             (out / stale).unlink(missing_ok=True)
         server_cfg = from_run_config(run_config)  # the config the ServerApp will build
         try:
@@ -374,6 +377,7 @@ def cli_errors_exit():
         print(f"error: {one_line(what)}", file=sys.stderr, flush=True)
         raise SystemExit(1) from None
     except Exception as exc:  # noqa: BLE001  (a bug or an unforeseen input: one line, the traceback on --debug)
-        print(f"error: unexpected {type(exc).__name__}: {one_line(str(exc))} (`fedrec --debug ...` shows the traceback)",
+        print(f"error: unexpected {type(exc).__name__}: {one_line(str(exc))} (`fedrec --debug ...` shows "
+              f"the traceback)",
               file=sys.stderr, flush=True)
         raise SystemExit(1) from None

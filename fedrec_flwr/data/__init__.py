@@ -55,7 +55,8 @@ def load_multidomain(data_cfg) -> MultiDomainDataset:
 
 
 def _build_key(data_cfg) -> dict:
-    features = {"item_features": True} if data_cfg.item_features else {}  # keeps the keys of caches built before the option
+    # keeps the keys of caches built before the option
+    features = {"item_features": True} if data_cfg.item_features else {}
     if data_cfg.holdout != "test":  # likewise: a test-holdout cache keeps its key
         features.update(holdout=data_cfg.holdout, validation_fraction=data_cfg.validation_fraction)
     if data_cfg.name.startswith("synthetic"):

@@ -31,7 +31,8 @@ def validation_split(ds: RatingDataset, fraction: float, seed: int) -> RatingDat
     order = np.argsort(train.users, kind="stable")
     users = train.users[order]
     counts = np.bincount(users, minlength=ds.num_users)
-    take = np.minimum(np.floor(fraction * counts + rng.random(ds.num_users)).astype(np.int64), np.maximum(counts - 1, 0))
+    take = np.minimum(np.floor(fraction * counts + rng.random(ds.num_users)).astype(np.int64),
+                      np.maximum(counts - 1, 0))
     # a uniform pick of take[u] of user u's ratings: the take[u] smallest of one random key per rating
     keys = rng.random(len(users))
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])

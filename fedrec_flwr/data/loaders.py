@@ -33,7 +33,8 @@ def _compact(train_raw: np.ndarray, test_raw: np.ndarray) -> Compacted:
 
 
 def _check_scale(path: Path, values: np.ndarray, scale: RatingScale) -> None:
-    bad = (values < scale.low) | (values > scale.high) | (np.abs(np.round((values - scale.low) / scale.step) * scale.step + scale.low - values) > 1e-4)
+    bad = (values < scale.low) | (values > scale.high) | (
+        np.abs(np.round((values - scale.low) / scale.step) * scale.step + scale.low - values) > 1e-4)
     if bad.any():
         idx = int(np.flatnonzero(bad)[0])
         raise DataError(
@@ -42,7 +43,8 @@ def _check_scale(path: Path, values: np.ndarray, scale: RatingScale) -> None:
         )
 
 
-def load_split_files(name: str, train_path: Path, test_path: Path, sep: str | None, scale: RatingScale) -> RatingDataset:
+def load_split_files(name: str, train_path: Path, test_path: Path, sep: str | None,
+                     scale: RatingScale) -> RatingDataset:
     """A dataset from a given train file and test file of `user sep item sep rating ...` lines."""
     tr_u, tr_i, tr_r = read_delimited(train_path, sep, 3)
     te_u, te_i, te_r = read_delimited(test_path, sep, 3)
@@ -74,11 +76,13 @@ def load_movielens_genres(path: Path, raw_item_ids: np.ndarray) -> np.ndarray:
                 continue
             fields = stripped.split("|")
             if len(fields) != 24:
-                raise DataError(f"{path}:{lineno}: expected 24 '|'-separated fields (id, title, dates, url, 19 genre flags), got {len(fields)}")
+                raise DataError(f"{path}:{lineno}: expected 24 '|'-separated fields (id, title, dates, url, 19 genre "
+                                f"flags), got {len(fields)}")
             try:
                 item, row = int(fields[0]), np.array([int(x) for x in fields[5:]], np.float32)
             except ValueError:
-                raise DataError(f"{path}:{lineno}: expected an integer id and 19 genre flags 0/1, got {stripped[:80]!r}") from None
+                raise DataError(f"{path}:{lineno}: expected an integer id and 19 genre flags 0/1, got "
+                                f"{stripped[:80]!r}") from None
             if not set(np.unique(row)) <= {0.0, 1.0}:
                 raise DataError(f"{path}:{lineno}: genre flags must be 0 or 1, got {fields[5:]}")
             flags[item] = row
@@ -89,7 +93,8 @@ def load_movielens_genres(path: Path, raw_item_ids: np.ndarray) -> np.ndarray:
     return out / np.maximum(out.sum(1, keepdims=True), 1.0)
 
 
-def load_ratings_dat(name: str, path: Path, scale: RatingScale, seed: int = 1234, test_fraction: float = 0.1) -> RatingDataset:
+def load_ratings_dat(name: str, path: Path, scale: RatingScale, seed: int = 1234,
+                     test_fraction: float = 0.1) -> RatingDataset:
     """MovieLens-1M/10M `user::item::rating::ts` with GC-MC's random split (permutation under `seed`)."""
     users, items, values = read_delimited(path, "::", 3)
     _check_scale(path, values, scale)
@@ -115,7 +120,8 @@ def load_srgcnn_mat(name: str, path: Path, scale: RatingScale) -> RatingDataset:
         bad = np.argwhere(~np.isin(arrays[key], (0.0, 1.0)))
         if bad.size:
             r, c = bad[0]
-            raise DataError(f"{path}: key '{key}' = {arrays[key][r, c]} at (row {r + 1}, column {c + 1}); expected a 0/1 mask")
+            raise DataError(f"{path}: key '{key}' = {arrays[key][r, c]} at (row {r + 1}, column {c + 1}); "
+                            f"expected a 0/1 mask")
     if (o_train.astype(bool) & o_test.astype(bool)).any():
         raise DataError(f"{path}: keys 'Otraining' and 'Otest' overlap (expected disjoint masks)")
     tr_u, tr_i = np.nonzero(o_train)
@@ -147,7 +153,8 @@ def _filter_k_core(users: np.ndarray, items: np.ndarray, k: int) -> np.ndarray:
         keep = new_keep
 
 
-def load_gadtcdr(name: str, root: Path, domains: tuple[str, ...], seed: int, min_count: int = 5, positive_from: float = 4.0) -> MultiDomainDataset:
+def load_gadtcdr(name: str, root: Path, domains: tuple[str, ...], seed: int, min_count: int = 5,
+                 positive_from: float = 4.0) -> MultiDomainDataset:
     """Douban domains of GA-DTCDR (`user \\t item \\t rating`, shared 1-based user ids).
 
     Positives are ratings >= `positive_from`; users and items with fewer than `min_count`

@@ -24,7 +24,8 @@ class NodeDataError(ValueError):
 
 def _open(path: Path, kind: str):
     if not path.is_file():
-        raise NodeDataError(f"node data-path {path}: no such file (expected a {kind} file written by fedrec_flwr.deployment.node_data)")
+        raise NodeDataError(f"node data-path {path}: no such file (expected a {kind} file written by "
+                            f"fedrec_flwr.deployment.node_data)")
     try:
         return np.load(path, allow_pickle=False)
     except Exception as exc:
@@ -51,7 +52,8 @@ def load_user_file(path: Path | str) -> tuple[PartitionMeta, UserData]:
         want = (meta.num_items, meta.num_item_features)
         if meta.num_item_features and (features is None or features.shape != want):
             got = "none" if features is None else f"shape {features.shape}"
-            raise NodeDataError(f"node data-path {path}: item_features {got}, expected shape {want} (the catalogue's public item features)")
+            raise NodeDataError(f"node data-path {path}: item_features {got}, expected shape {want} (the catalogue's "
+                                f"public item features)")
         data = UserData(int(z["user"]), z["train_items"].astype(np.int64), z["train_values"].astype(np.float32),
                         z["test_items"].astype(np.int64), z["test_values"].astype(np.float32), features)
         data = in_units(data, meta.dataset_scale)
@@ -64,11 +66,13 @@ def load_domain_file(path: Path | str) -> tuple[int, Domain]:
     """(domain index, the domain's interactions) from a `domain-<k>.npz` file."""
     path = Path(path)
     with _open(path, "domain") as z:
-        missing = {"index", "name", "num_items", "train_users", "train_items", "test_users", "test_items"} - set(z.files)
+        missing = {"index", "name", "num_items", "train_users", "train_items", "test_users",
+                   "test_items"} - set(z.files)
         if missing:
             raise NodeDataError(f"node data-path {path}: missing arrays {sorted(missing)}")
-        dom = Domain(str(z["name"]), int(z["num_items"]), z["train_users"].astype(np.int64), z["train_items"].astype(np.int64),
-                     z["test_users"].astype(np.int64), z["test_items"].astype(np.int64))
+        dom = Domain(str(z["name"]), int(z["num_items"]), z["train_users"].astype(np.int64),
+                     z["train_items"].astype(np.int64), z["test_users"].astype(np.int64),
+                     z["test_items"].astype(np.int64))
         return int(z["index"]), dom
 
 
@@ -76,7 +80,8 @@ def load_catalogue(path: Path | str) -> dict:
     """The public dataset facts the ServerApp needs in deployment (no ratings)."""
     path = Path(path)
     if not path.is_file():
-        raise NodeDataError(f"data.catalogue {path}: no such file (write it with python -m fedrec_flwr.deployment.node_data)")
+        raise NodeDataError(f"data.catalogue {path}: no such file (write it with python -m "
+                            f"fedrec_flwr.deployment.node_data)")
     try:
         cat = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

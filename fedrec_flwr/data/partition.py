@@ -125,7 +125,8 @@ def write_partitions(ds: RatingDataset, directory: Path, key: str) -> Path:
         if ds.item_features is not None:
             np.save(tmp / "item_features.npy", ds.item_features.astype(np.float32))
             num_features = int(ds.item_features.shape[1])
-        meta = PartitionMeta(ds.name, ds.num_users, ds.num_items, ds.scale, len(ds.train), len(ds.test), key, num_features)
+        meta = PartitionMeta(ds.name, ds.num_users, ds.num_items, ds.scale, len(ds.train), len(ds.test), key,
+                             num_features)
         (tmp / "meta.json").write_text(json.dumps({"format": FORMAT_VERSION, **meta.public_facts()}, indent=1))
         if directory.exists():  # a concurrent builder won the race: keep its identical copy
             shutil.rmtree(tmp)
@@ -162,7 +163,8 @@ class UserPartitions:
     def __init__(self, directory: Path):
         meta_path = directory / "meta.json"
         if not meta_path.is_file():
-            raise DataError(f"partition cache {directory}: missing meta.json (expected a built cache); delete the folder to rebuild")
+            raise DataError(f"partition cache {directory}: missing meta.json (expected a built cache); delete the "
+                            f"folder to rebuild")
         try:
             raw = json.loads(meta_path.read_text())
             fmt = raw.pop("format", None)
@@ -174,7 +176,8 @@ class UserPartitions:
             _check_csr(self.meta, self._arrays, "test", self.meta.num_test)
             # public and small (items x F): every client holds all of it
             self.item_features = np.load(directory / "item_features.npy") if self.meta.num_item_features else None
-            if self.item_features is not None and self.item_features.shape != (self.meta.num_items, self.meta.num_item_features):
+            if self.item_features is not None and self.item_features.shape != (self.meta.num_items,
+                                                                               self.meta.num_item_features):
                 raise ValueError(f"item_features.npy of shape {self.item_features.shape}")
         except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DataError(f"partition cache {directory} is damaged ({type(exc).__name__}: {exc}); "

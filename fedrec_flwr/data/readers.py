@@ -48,7 +48,8 @@ def read_delimited(
             try:
                 stripped = raw.decode("utf-8").strip()
             except UnicodeDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not UTF-8 text (byte {raw[exc.start]:#04x} at column {exc.start + 1})") from None
+                raise DataError(f"{path}:{lineno}: not UTF-8 text (byte {raw[exc.start]:#04x} at column "
+                                f"{exc.start + 1})") from None
             if not stripped:
                 continue
             fields = stripped.split(sep)
@@ -68,7 +69,8 @@ def read_delimited(
                 ) from None
             for name, ident in (("user", user), ("item", item)):
                 if not id_low <= ident <= MAX_ID:
-                    raise DataError(f"{path}:{lineno}: {name} id {ident} out of range (expected {id_low} <= id <= {MAX_ID})")
+                    raise DataError(f"{path}:{lineno}: {name} id {ident} out of range (expected {id_low} <= "
+                                    f"id <= {MAX_ID})")
             if not math.isfinite(value):
                 raise DataError(f"{path}:{lineno}: rating {fields[value_col]!r} is not a finite number")
             users.append(user)

@@ -34,10 +34,14 @@ _DISENCDR_RAW = "https://raw.githubusercontent.com/cjx96/DisenCDR/4e6d60bad4d518
 
 # sha256 of the DisenCDR files (train.txt, test.txt) per folder
 _DISENCDR_SHA = {
-    "phone_electronic": ("a439eb3fdf4d08e58da1d86e1f711cf0acf59f28944d347ad4b3fb9454df54f9", "a3d0d2fb03c25994c3509af3acc6eeca5009b00751f9b12e28fdf52843a027c6"),
-    "electronic_phone": ("cb09610ab143478097937c235c4932fe39b5c664d434dd5abba3c5eb5d75f028", "322a8e4c7b5d10e2a3d91dbb2d7833eaf2ba684f4c5109dc1ea4e6ee08119c46"),
-    "cloth_sport": ("3e039ec9baff975cb47722c4704f7d2103c2bbf2a3c30ed2d264e17b69d4fd0a", "0d034810261027b080d506399426d3eb4f26b4b90a121fe79ebaef246a82b1bd"),
-    "sport_cloth": ("45c517a6fc7721f168411b69eb3f6e6ef896bbe06f599f6f7b4a5844ff925629", "7b43d370047f23cbc6862188aba53b3a3241948255584a1f3f5c189118f16490"),
+    "phone_electronic": ("a439eb3fdf4d08e58da1d86e1f711cf0acf59f28944d347ad4b3fb9454df54f9",
+                         "a3d0d2fb03c25994c3509af3acc6eeca5009b00751f9b12e28fdf52843a027c6"),
+    "electronic_phone": ("cb09610ab143478097937c235c4932fe39b5c664d434dd5abba3c5eb5d75f028",
+                         "322a8e4c7b5d10e2a3d91dbb2d7833eaf2ba684f4c5109dc1ea4e6ee08119c46"),
+    "cloth_sport": ("3e039ec9baff975cb47722c4704f7d2103c2bbf2a3c30ed2d264e17b69d4fd0a",
+                    "0d034810261027b080d506399426d3eb4f26b4b90a121fe79ebaef246a82b1bd"),
+    "sport_cloth": ("45c517a6fc7721f168411b69eb3f6e6ef896bbe06f599f6f7b4a5844ff925629",
+                    "7b43d370047f23cbc6862188aba53b3a3241948255584a1f3f5c189118f16490"),
 }
 ALIASES = {"amazon-phone-elec": "disencdr:phone_electronic", "amazon-cloth-sport": "disencdr:cloth_sport"}
 
@@ -58,12 +62,14 @@ class DatasetSpec:
 def _srgcnn(name: str, scale: RatingScale, sha: str | None) -> DatasetSpec:
     rel = f"{name}/training_test_dataset.mat"
     url = f"{_IGMC_RAW}/{name}/training_test_dataset.mat"
-    return DatasetSpec(name, "ratings", (RemoteFile(rel, sha, url),), scale, lambda root, seed: load_srgcnn_mat(name, root / rel, scale))
+    return DatasetSpec(name, "ratings", (RemoteFile(rel, sha, url),), scale,
+                       lambda root, seed: load_srgcnn_mat(name, root / rel, scale))
 
 
 def _movielens_dat(name: str, scale: RatingScale) -> DatasetSpec:
     rel = f"{name}/ratings.dat"
-    return DatasetSpec(name, "ratings", (RemoteFile(rel),), scale, lambda root, seed: load_ratings_dat(name, root / rel, scale))
+    return DatasetSpec(name, "ratings", (RemoteFile(rel),), scale,
+                       lambda root, seed: load_ratings_dat(name, root / rel, scale))
 
 
 _ONE_TO_FIVE = RatingScale(1.0, 5.0, 1.0)
@@ -74,13 +80,17 @@ REGISTRY: dict[str, DatasetSpec] = {
         "ml-100k",
         "ratings",
         (
-            RemoteFile("ml-100k/u1.base", "ce253ec86c448b44fb3ba9a30d12dcfc2e9210cbde71efada3730c22e9ac212a", _ML100K_ZIP, "ml-100k/u1.base"),
-            RemoteFile("ml-100k/u1.test", "18c6014a4b2c7324f250a63f8904a7b16b2b19f911129e346141507b0cbac950", _ML100K_ZIP, "ml-100k/u1.test"),
+            RemoteFile("ml-100k/u1.base", "ce253ec86c448b44fb3ba9a30d12dcfc2e9210cbde71efada3730c22e9ac212a",
+                       _ML100K_ZIP, "ml-100k/u1.base"),
+            RemoteFile("ml-100k/u1.test", "18c6014a4b2c7324f250a63f8904a7b16b2b19f911129e346141507b0cbac950",
+                       _ML100K_ZIP, "ml-100k/u1.test"),
         ),
         _ONE_TO_FIVE,
-        lambda root, seed: load_split_files("ml-100k", root / "ml-100k/u1.base", root / "ml-100k/u1.test", "\t", _ONE_TO_FIVE),
+        lambda root, seed: load_split_files("ml-100k", root / "ml-100k/u1.base", root / "ml-100k/u1.test", "\t",
+                                            _ONE_TO_FIVE),
         (
-            RemoteFile("ml-100k/u.item", "553841ebc7de3a0fd0d6b62a204ea30c1e651aacfb2814c7a6584ac52f2c5701", _ML100K_ZIP, "ml-100k/u.item"),
+            RemoteFile("ml-100k/u.item", "553841ebc7de3a0fd0d6b62a204ea30c1e651aacfb2814c7a6584ac52f2c5701",
+                       _ML100K_ZIP, "ml-100k/u.item"),
             lambda path, ds: load_movielens_genres(path, ds.meta["raw_item_ids"]),
         ),
     ),
@@ -93,11 +103,16 @@ REGISTRY: dict[str, DatasetSpec] = {
         "douban-book-music",
         "multidomain",
         (
-            RemoteFile("douban_gadtcdr/douban_book/ratings.dat", "cc1c191fabe2e05e95cd6dbe7be19d13ed3e1b27b80be2050e4f6b4e40945ddd", f"{_GADTCDR_RAW}/douban_book/ratings.dat"),
-            RemoteFile("douban_gadtcdr/douban_music/ratings.dat", "40944be25f79e6cf80ab9acf0dca8f4b9b9fe2724a068702294608883ad46775", f"{_GADTCDR_RAW}/douban_music/ratings.dat"),
+            RemoteFile("douban_gadtcdr/douban_book/ratings.dat",
+                       "cc1c191fabe2e05e95cd6dbe7be19d13ed3e1b27b80be2050e4f6b4e40945ddd",
+                       f"{_GADTCDR_RAW}/douban_book/ratings.dat"),
+            RemoteFile("douban_gadtcdr/douban_music/ratings.dat",
+                       "40944be25f79e6cf80ab9acf0dca8f4b9b9fe2724a068702294608883ad46775",
+                       f"{_GADTCDR_RAW}/douban_music/ratings.dat"),
         ),
         None,
-        lambda root, seed: load_gadtcdr("douban-book-music", root / "douban_gadtcdr", ("douban_book", "douban_music"), seed),
+        lambda root, seed: load_gadtcdr("douban-book-music", root / "douban_gadtcdr",
+                                        ("douban_book", "douban_music"), seed),
     ),
 }
 
@@ -113,7 +128,8 @@ def _disencdr_spec(pair: str) -> DatasetSpec:
             rel = f"disencdr_amazon/{folder}/{fname}"
             files.append(RemoteFile(rel, sha, f"{_DISENCDR_RAW}/{folder}/{fname}" if sha else None))
     name = f"disencdr:{pair}"
-    return DatasetSpec(name, "multidomain", tuple(files), None, lambda root, seed: load_disencdr_pair(name, root / "disencdr_amazon", a, b))
+    return DatasetSpec(name, "multidomain", tuple(files), None,
+                       lambda root, seed: load_disencdr_pair(name, root / "disencdr_amazon", a, b))
 
 
 def dataset_names() -> list[str]:
@@ -160,13 +176,14 @@ def resolve_root(spec: DatasetSpec, data_dir: Path, cache_dir: Path, download: b
                         "(--data-dir or data.data_dir, docs/datasets.md)")
     lines = [f"dataset '{spec.name}' is missing {len(missing)} file(s):"]
     for f in missing:
-        where = f" (downloadable: set data.download=true, or fetch {f.url}{' member ' + f.member if f.member else ''})" if f.url and f.sha256 else ""
+        where = (f" (downloadable: set data.download=true, or fetch {f.url}{' member ' + f.member if f.member else ''})"
+                 if f.url and f.sha256 else "")
         lines.append(f"  put {f.relpath} at {data_dir / f.relpath}{where}")
     raise DataError("\n".join(lines))
 
 
-def load_dataset(name: str, data_dir: str | Path, cache_dir: str | Path = ".cache/fedrec", download: bool = False, seed: int = 0,
-                 synthetic: dict | None = None, item_features: bool = False) -> AnyDataset:
+def load_dataset(name: str, data_dir: str | Path, cache_dir: str | Path = ".cache/fedrec", download: bool = False,
+                 seed: int = 0, synthetic: dict | None = None, item_features: bool = False) -> AnyDataset:
     """Load a dataset by registry name (synthetic ones are generated from `seed` and `synthetic`).
 
     With `item_features`, a rating dataset also carries its public item metadata as a feature

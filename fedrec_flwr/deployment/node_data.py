@@ -1,7 +1,8 @@
 """Per-node data for deployment, written: each SuperNode gets only its own user's (or domain's) file
 (`fedrec_flwr.data.node_files` reads them).
 
-    python -m fedrec_flwr.deployment.node_data --preset fedgnn_paper --dataset synthetic --out deploy/data [--users 0 1 2]
+    python -m fedrec_flwr.deployment.node_data --preset fedgnn_paper --dataset synthetic --out deploy/data [--users 0 1
+    2]
 
 writes `user-<u>.npz` per user (FedGNN) or `domain-<k>.npz` per domain (FPPDM), plus
 `catalogue.json`: the public facts the server needs (dataset name, user and item counts,
@@ -62,7 +63,8 @@ def export_users(cfg: AppConfig, out: Path, users: list[int] | None = None) -> P
     meta = parts.meta
     for u in users if users is not None else range(meta.num_users):
         d = parts.stored_user(u)  # the user's own ratings, on the dataset's scale (mapped when loaded)
-        public = {} if d.item_features is None else {"item_features": d.item_features}  # the catalogue's, not the user's
+        # the catalogue's, not the user's
+        public = {} if d.item_features is None else {"item_features": d.item_features}
         atomic_write(out / f"user-{u}.npz", _npz({
             "user": np.int64(u), "train_items": d.train_items, "train_values": d.train_values,
             "test_items": d.test_items, "test_values": d.test_values,
@@ -83,7 +85,8 @@ def main() -> None:
     ap.add_argument("--users", nargs="*", type=int, help="only these users (FedGNN)")
     ap.add_argument("--set", nargs="*", default=[])
     args = ap.parse_args()
-    cfg = load_config(args.preset, args.dataset or None, [f"data.data_dir={args.data_dir}", f"data.cache_dir={args.cache_dir}", *args.set])
+    cfg = load_config(args.preset, args.dataset or None,
+                      [f"data.data_dir={args.data_dir}", f"data.cache_dir={args.cache_dir}", *args.set])
     print(export_nodes(cfg, Path(args.out), args.users))
 
 

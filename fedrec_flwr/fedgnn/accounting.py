@@ -15,8 +15,8 @@ bit, so the per-user total composes them with the uploads (randomised response i
 an eps-DP bit, so the accountant's randomised-response event bounds it).
 "Basic" is the sum of the epsilons (pure DP). "Tight" is the Renyi-DP accountant of the
 `dp-accounting` library over the same Laplace mechanisms, converted to (epsilon, delta)-DP at the
-stated delta (or the basic sum where that is smaller). Neither counts the anonymity set itself (the item ids a user registers are sent in
-the clear) or the number of uploads, which the server sees.
+stated delta (or the basic sum where that is smaller). Neither counts the anonymity set itself (the item ids a user
+registers are sent in the clear) or the number of uploads, which the server sees.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def tight_epsilon(clip_delta: float, noise_lambda: float, mechanisms: int, delta
             dp_accounting.LaplaceDpEvent(noise_lambda / (2.0 * clip_delta)), mechanisms))
     if report_bits > 0:
         flip = 2.0 / (1.0 + float(np.exp(report_epsilon)))  # binary randomised response at report_epsilon
-        accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.RandomizedResponseDpEvent(flip, 2), report_bits))
+        accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.RandomizedResponseDpEvent(flip, 2),
+                                                             report_bits))
     return min(float(accountant.get_epsilon(delta)), basic)
 
 
@@ -139,7 +140,8 @@ class LDPAccountant:
         """Continue from a checkpoint's ledger; ValueError if it is another run's (another number of users)."""
         uploads = np.asarray(state["uploads"], np.int64)
         if uploads.shape != self.uploads.shape:
-            raise ValueError(f"checkpoint holds upload counts of {uploads.size} users, this run has {self.uploads.size}")
+            raise ValueError(f"checkpoint holds upload counts of {uploads.size} users, this run has "
+                             f"{self.uploads.size}")
         self.uploads = uploads
 
 

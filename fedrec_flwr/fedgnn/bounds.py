@@ -63,7 +63,8 @@ def ldp_l1_bound(clip_delta: float, noise_lambda: float, coordinates: int,
     def threshold(s: float) -> float:
         return (coordinates * math.log(abs_laplace_mgf(s, clip_delta, noise_lambda)) - log_p) / s
 
-    best = optimize.minimize_scalar(threshold, bounds=(1e-9 / noise_lambda, (1 - 1e-9) / noise_lambda), method="bounded")
+    best = optimize.minimize_scalar(threshold, bounds=(1e-9 / noise_lambda, (1 - 1e-9) / noise_lambda),
+                                    method="bounded")
     return float(best.fun)
 
 

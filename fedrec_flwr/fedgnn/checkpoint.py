@@ -125,11 +125,13 @@ def check_types(path: Path, state: dict[str, Any]) -> None:
     if not _is_int(state["eval_rejected"]) or state["eval_rejected"] < 0:
         fail("eval_rejected", state["eval_rejected"], "an integer >= 0")
     history = state["history"]
-    if not isinstance(history, list) or not all(isinstance(r, dict) and all(isinstance(k, str) for k in r) for r in history):
+    if not isinstance(history, list) or not all(isinstance(r, dict) and all(isinstance(k, str) for k in r)
+                                                for r in history):
         fail("history", history, "a list of round records (objects with string keys)")
     rejections = state["rejections"]
     if not isinstance(rejections, list) or not all(
-            isinstance(r, (list, tuple)) and len(r) == 2 and _is_int(r[0]) and isinstance(r[1], str) for r in rejections):
+            isinstance(r, (list, tuple)) and len(r) == 2 and _is_int(r[0]) and isinstance(r[1], str)
+            for r in rejections):
         fail("rejections", rejections, "a list of [round, reason] pairs (an integer and a string)")
     uploads = state.get("uploads", [])
     if not isinstance(uploads, list) or not all(_is_int(n) and n >= 0 for n in uploads):
@@ -143,7 +145,8 @@ def check_types(path: Path, state: dict[str, Any]) -> None:
     if not isinstance(config, dict) or not all(isinstance(k, str) for k in config):
         fail("config", config, "the run's config (an object with string keys)")
     popularity = state.get("popularity")
-    if popularity is not None and (not _dense(popularity) or popularity.ndim != 1 or not popularity.is_floating_point()):
+    if popularity is not None and (not _dense(popularity) or popularity.ndim != 1
+                                   or not popularity.is_floating_point()):
         fail("popularity", popularity, "null or a dense 1-D floating-point tensor (one estimate per item)")
 
 
@@ -164,8 +167,8 @@ def _check_optimiser(path: Path, key: str, opt: dict, param_shapes: list[tuple[i
     for i, group in enumerate(groups):
         params, lr = group.get("params"), group.get("lr")
         if not isinstance(params, list):
-            raise CheckpointError(f"{path}: key '{key}.param_groups[{i}].params' = {_describe(params)}; expected a list "
-                                  "of parameter indices")
+            raise CheckpointError(f"{path}: key '{key}.param_groups[{i}].params' = {_describe(params)}; expected a "
+                                  "list of parameter indices")
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr < 0:
             raise CheckpointError(f"{path}: key '{key}.param_groups[{i}].lr' = {_describe(lr)}; expected a finite "
                                   "learning rate >= 0")
@@ -284,7 +287,8 @@ class Checkpointer:
         if not isinstance(state, dict) or (missing := [k for k in REQUIRED_KEYS if k not in state]):
             found = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise CheckpointError(f"{self.path}: not a FedGNN server checkpoint (expected keys {list(REQUIRED_KEYS)}; "
-                                  f"found {found}, missing {missing if isinstance(state, dict) else list(REQUIRED_KEYS)})")
+                                  f"found {found}, missing "
+                                  f"{missing if isinstance(state, dict) else list(REQUIRED_KEYS)})")
         check_types(self.path, state)
         shapes = expect if expect is not None else _own_shapes(self.path, state)
         if shapes is not None:

@@ -100,13 +100,14 @@ class DevicePolicy:
                   ("min-nodes", self.min_nodes >= 3), ("min-node-fraction", 0 < self.min_node_fraction <= 1),
                   ("mode", self.mode in PRIVACY_MODES),
                   ("reply-seconds", 0 <= self.reply_seconds <= 3600),
-                  ("max-ldp-epsilon", self.max_ldp_epsilon > 0), ("max-popularity-epsilon", self.max_popularity_epsilon > 0),
+                  ("max-ldp-epsilon", self.max_ldp_epsilon > 0),
+                  ("max-popularity-epsilon", self.max_popularity_epsilon > 0),
                   ("min-pseudo-items", self.min_pseudo_items >= 0), ("min-pseudo-ratio", self.min_pseudo_ratio >= 1)]
         for name, ok in checks:
             if not ok:
-                raise DevicePolicyError(f"device policy privacy-{name} = {getattr(self, name.replace('-', '_'))!r} is out "
-                                        "of range (epsilon > 0, 0 < delta < 1, noise multiplier > 0, clip norm > 0, "
-                                        "min nodes >= 3, 0 < node fraction <= 1, mode user_dp or ldp, "
+                raise DevicePolicyError(f"device policy privacy-{name} = {getattr(self, name.replace('-', '_'))!r} is "
+                                        "out of range (epsilon > 0, 0 < delta < 1, noise multiplier > 0, clip norm > "
+                                        "0, min nodes >= 3, 0 < node fraction <= 1, mode user_dp or ldp, "
                                         "0 <= reply seconds <= 3600)")
         return self
 
@@ -236,7 +237,8 @@ class DeviceLedger:
         return cls({(float(q), float(s)): int(n) for q, s, n in json.loads(text)})
 
 
-def check_secure_round(own: int, active: list[int], dead: list[int], known: set[int], threshold: int, floor: int) -> None:
+def check_secure_round(own: int, active: list[int], dead: list[int], known: set[int], threshold: int,
+                       floor: int) -> None:
     """PolicyRefusal unless the server's SecAgg+ unmask request is one an honest server sends: the active and dead
     lists hold distinct nodes, never the same node in both, only nodes this device exchanged shares with (`known`),
     this device among the active ones, and at least the threshold and the noise floor (K) of active nodes, the
@@ -249,5 +251,5 @@ def check_secure_round(own: int, active: list[int], dead: list[int], known: set[
     if own not in set(a):
         raise PolicyRefusal("the unmask request does not count this device among the active nodes")
     if len(a) < max(threshold, floor):
-        raise PolicyRefusal(f"the unmask request has {len(a)} active nodes, fewer than the threshold {threshold} or the "
-                            f"noise floor {floor}: the sum would carry less noise than this device allows")
+        raise PolicyRefusal(f"the unmask request has {len(a)} active nodes, fewer than the threshold {threshold} or "
+                            f"the noise floor {floor}: the sum would carry less noise than this device allows")

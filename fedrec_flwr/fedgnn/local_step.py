@@ -43,7 +43,8 @@ def _pad(rows: list[np.ndarray], width: int, d: int, device: torch.device) -> tu
 
 
 def _dropout_masks(generators: list[torch.Generator], counts: list[tuple[int, int]], p: float, d: int, width: int,
-                   neighbour_width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+                   neighbour_width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor,
+                                                                        torch.Tensor] | None:
     """One forward's dropout masks (already divided by 1 - p) for the user, item and neighbour rows, drawn per
     user from its own generator over its [1 + T + N, d] nodes, as nn.Dropout draws them on the one-user path."""
     if p == 0.0:
@@ -287,7 +288,8 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
     shapes = [tuple(g.shape[1:]) for g in batch.model_grads]
     ends = np.cumsum([int(np.prod(shape)) for shape in shapes]).tolist()
     with torch.no_grad():
-        flat_model = torch.cat([g.reshape(b, -1) for g in batch.model_grads], 1) if shapes else batch.rows.new_zeros((b, 0))
+        flat_model = torch.cat([g.reshape(b, -1) for g in batch.model_grads],
+                               1) if shapes else batch.rows.new_zeros((b, 0))
         size = flat_model.shape[1]
         uploads = []
         for k, (st, data, rng) in enumerate(zip(states, datas, rngs)):
@@ -380,7 +382,8 @@ def run_local_steps(users: list[FedGNNUser], weights: list[np.ndarray], rows: li
     if idle:
         consume(idle, idle_steps(model, [users[k].state for k in idle], row_width(cfg.model), device),
                 [rngs[k] for k in idle])
-    active = sorted((k for k, u in enumerate(users) if u.data.train_items.size), key=lambda k: users[k].data.train_items.size)
+    active = sorted((k for k, u in enumerate(users) if u.data.train_items.size),
+                    key=lambda k: users[k].data.train_items.size)
     for group in size_groups(active, [u.data.train_items.size for u in users], max(batch, 1)):
         steps = local_steps(cfg, model, [users[k].state for k in group], [users[k].data for k in group],
                             [rows[k] for k in group], [rngs[k] for k in group], [generators[k] for k in group], device)

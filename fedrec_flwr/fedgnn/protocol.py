@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedrec_flwr.messages import UploadRejected, array_bytes  # noqa: F401  (array_bytes re-exported: part of the FedGNN wire API)
+# array_bytes re-exported: part of the FedGNN wire API
+from fedrec_flwr.messages import UploadRejected, array_bytes  # noqa: F401
 
 PHASE_POPULARITY = "popularity"  # round 0, popularity-matched sampler only: every user sends an LDP item report
 PHASE_REGISTER = "register"
@@ -87,8 +88,8 @@ class RoundConfig:
         out = {k["phase"]: self.phase, k["round"]: self.round, k["ckpt"]: self.ckpt, k["resume_from"]: self.resume_from}
         if self.expansion is not None:
             out.update({k["key"]: self.expansion.key, k["address"]: self.expansion.address,
-                        k["run_id"]: self.expansion.run_id, k["secret"]: self.expansion.secret, k["retries"]: self.retries,
-                        k["refresh_neighbours"]: self.refresh_neighbours})
+                        k["run_id"]: self.expansion.run_id, k["secret"]: self.expansion.secret,
+                        k["retries"]: self.retries, k["refresh_neighbours"]: self.refresh_neighbours})
         return out
 
     @classmethod
@@ -130,7 +131,8 @@ def frame_users(users, parts: list[list[np.ndarray]], fields: int) -> list[np.nd
     return out
 
 
-def split_users(arrays: list[np.ndarray], fields: int, max_users: int | None = None) -> list[tuple[int, list[np.ndarray]]]:
+def split_users(arrays: list[np.ndarray], fields: int,
+                max_users: int | None = None) -> list[tuple[int, list[np.ndarray]]]:
     """[(user, its `fields` blocks)] of a message framed by `frame_users`; UploadRejected naming what is off.
 
     The framing is checked here (at most `max_users` unique integer user ids, one non-negative size
@@ -143,7 +145,8 @@ def split_users(arrays: list[np.ndarray], fields: int, max_users: int | None = N
                              f"{fields} field(s)), got {len(arrays)}")
     users = np.asarray(arrays[0])
     if users.ndim != 1 or not np.issubdtype(users.dtype, np.integer):
-        raise UploadRejected(f"message must start with a 1-D integer array of user ids, got {users.dtype} {users.shape}")
+        raise UploadRejected(f"message must start with a 1-D integer array of user ids, got "
+                             f"{users.dtype} {users.shape}")
     if max_users is not None and users.size > max_users:
         raise UploadRejected(f"message names {users.size} users; the node may speak for at most {max_users}")
     if np.unique(users).size != users.size:

@@ -114,7 +114,8 @@ class FedGNNRounds:
         # that is (`baselines.baselines_on_users`; simulation only, where the server holds the data)
         self.test_ratings, self.baselines = test_ratings, baselines
         # row_width: the width of one uploaded item row (`models.row_width`), what the privacy accounting counts per row
-        self.federation, self.privacy, self.expansion, self.row_width, self.seed = federation, privacy, expansion, row_width, seed
+        self.federation, self.privacy, self.expansion, self.row_width, self.seed = (federation, privacy, expansion,
+                                                                                   row_width, seed)
         self.merge = merge
         # high - low of the scale the devices report in (reference units: 4, the span of the
         # participants' `PartitionMeta.scale`): bounds a reported squared error
@@ -125,8 +126,8 @@ class FedGNNRounds:
         self.mechanism: ServerMechanism = privacy_mode(privacy.mode).part("Server")(self)
         self.budget_rounds = self.mechanism.budget_rounds  # training rounds the privacy budget allows
         # every logical round's phase, and how Flower's rounds, resuming and checkpoints map onto them
-        self.lifecycle = Lifecycle.for_run(federation, expansion, bindings.num_users, training_rounds=self.budget_rounds,
-                                           first_round=self.mechanism.first_round,
+        self.lifecycle = Lifecycle.for_run(federation, expansion, bindings.num_users,
+                                           training_rounds=self.budget_rounds, first_round=self.mechanism.first_round,
                                            evaluates_in_own_rounds=self.mechanism.evaluates_in_own_rounds,
                                            checkpoint_every=checkpoint_every)
         self.train_rounds_done = 0
@@ -211,8 +212,8 @@ class FedGNNRounds:
                 self.reported_by[user] = reply.node_id
                 total += bits
         self.server.publish_popularity(total, len(self.reported_by))
-        record = {"round": logical_round, "phase": PHASE_POPULARITY, "clients": len(replies), "accepted": len(self.reported_by),
-                  "rejected": self.rejected_in(logical_round), "bytes_down": 0.0,
+        record = {"round": logical_round, "phase": PHASE_POPULARITY, "clients": len(replies),
+                  "accepted": len(self.reported_by), "rejected": self.rejected_in(logical_round), "bytes_down": 0.0,
                   "bytes_up": float(self.server.num_items), "round_seconds": time.time() - started}
         self.record(record)
         return record
@@ -356,7 +357,8 @@ class FedGNNRounds:
             sse, sae = float(reply.metrics["sse"]), float(reply.metrics["sae"])
             n_raw = reply.metrics["n"]
         except (KeyError, TypeError, ValueError) as exc:
-            raise UploadRejected(f"evaluation reply needs numeric sse, sae and n ({type(exc).__name__}: {exc})") from None
+            raise UploadRejected(f"evaluation reply needs numeric sse, sae and n "
+                                 f"({type(exc).__name__}: {exc})") from None
         if isinstance(n_raw, bool) or not isinstance(n_raw, (int, np.integer)) or n_raw < 0:
             raise UploadRejected(f"evaluation n = {n_raw!r}; expected a non-negative integer")
         n = int(n_raw)
@@ -414,8 +416,8 @@ class FedGNNRounds:
     def failure(self) -> str | None:
         """Why the run must not report a result, or None: no training round was applied (every one had fewer
         than min_clients accepted uploads), or no evaluation scored a test rating."""
-        return failure_reason(self.train_rounds_done, self.rounds_not_applied, self.federation.min_clients, self.rejections,
-                              bool(self.final), "no evaluation scored a test rating")
+        return failure_reason(self.train_rounds_done, self.rounds_not_applied, self.federation.min_clients,
+                              self.rejections, bool(self.final), "no evaluation scored a test rating")
 
     def finish(self) -> None:
         """Write the final metrics, rejections, upload counts, privacy budget and the baselines on the scored

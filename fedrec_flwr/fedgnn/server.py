@@ -190,7 +190,8 @@ class FedGNNServer:
             self.model_opt = torch.optim.SGD(params, lr=so.lr, momentum=so.momentum)
             self.item_opt = torch.optim.SGD([self.items], lr=so.item_rate)
         # ExponentialLR decays each group's current rate in place, so the optimiser state in a checkpoint carries it
-        self.lr_schedules = [torch.optim.lr_scheduler.ExponentialLR(opt, so.lr_decay) for opt in (self.model_opt, self.item_opt)]
+        self.lr_schedules = [torch.optim.lr_scheduler.ExponentialLR(opt, so.lr_decay)
+                             for opt in (self.model_opt, self.item_opt)]
         self.model_shapes = [tuple(p.shape) for p in params]
         self.anonymity_sets: dict[int, np.ndarray] = {}  # user id -> its anonymity set (int32 to halve memory)
         # popularity-matched sampler: the item counts estimated from the users' LDP reports, published at registration
@@ -214,14 +215,16 @@ class FedGNNServer:
         return self.items.detach()[ids].cpu().numpy()
 
     def min_rows(self) -> int:
-        """Rows every upload must carry: M (uniform sampler) or 1 + ratio (popularity-matched), at most the catalogue."""
+        """Rows every upload must carry: M (uniform sampler) or 1 + ratio (popularity-matched), at most the
+        catalogue."""
         p = self.privacy
         if self.users.whole_table:  # no anonymity sets: a user registers an empty one and downloads the whole table
             return 0
         return min(p.pseudo_ratio + 1 if p.pseudo_sampler == "popularity" else p.pseudo_items, self.num_items)
 
     def table(self) -> np.ndarray:
-        """The whole item table (what a user-DP download carries, so the server cannot tell which items a user wants)."""
+        """The whole item table (what a user-DP download carries, so the server cannot tell which items a user
+        wants)."""
         return self.items.detach().cpu().numpy().copy()
 
     def registration_download(self) -> list[np.ndarray]:
@@ -264,7 +267,8 @@ class FedGNNServer:
         self._step_items(np.arange(self.num_items), np.asarray(table_sum, np.float32) / np.float32(users))
 
     def _step_items(self, ids: np.ndarray, rows: np.ndarray) -> None:
-        """One item-optimiser step on the gradient `rows` of the (sorted, unique) `ids`, then the decay and schedules."""
+        """One item-optimiser step on the gradient `rows` of the (sorted, unique) `ids`, then the decay and
+        schedules."""
         self.item_opt.zero_grad()
         index = torch.from_numpy(ids)[None, :].to(self.device)
         # merged ids are sorted, unique and in range (flatnonzero of a count over validated ids): skip the check

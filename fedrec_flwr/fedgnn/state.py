@@ -43,7 +43,8 @@ def encode_state(st: UserState) -> bytes:
         raise ValueError(f"user state neighbours must be [n, d], got shape {nb.shape}")
     handle = bytes.fromhex(st.handle)
     head = np.array([emb.size, ids.size, nb.shape[0], nb.shape[1], len(handle)], "<i8")
-    return b"".join((head.tobytes(), emb.tobytes(), ids.tobytes(), nb.tobytes(), handle, np.float64(st.offset).tobytes()))
+    return b"".join((head.tobytes(), emb.tobytes(), ids.tobytes(), nb.tobytes(), handle,
+                     np.float64(st.offset).tobytes()))
 
 
 def decode_state(blob: bytes) -> UserState:
@@ -53,7 +54,8 @@ def decode_state(blob: bytes) -> UserState:
     n_emb, n_ids, n_nb, width, n_handle = (int(x) for x in np.frombuffer(blob, "<i8", _HEADER))
     sizes = (4 * n_emb, 8 * n_ids, 4 * n_nb * width, n_handle, 8)
     if min(n_emb, n_ids, n_nb, width, n_handle) < 0 or (n_nb and not width) or len(blob) != 8 * _HEADER + sum(sizes):
-        raise ValueError(f"stored user state of {len(blob)} bytes does not match its header {[n_emb, n_ids, n_nb, width, n_handle]}")
+        raise ValueError(f"stored user state of {len(blob)} bytes does not match its header "
+                         f"{[n_emb, n_ids, n_nb, width, n_handle]}")
     at = 8 * _HEADER
     parts = []
     for size in sizes:
@@ -69,8 +71,9 @@ def user_state_problem(st: UserState, *, dim: int, num_items: int, own: np.ndarr
                        max_neighbours: int, offset: bool) -> str | None:
     """Why a stored state cannot be this user's in this run, or None: checked when a run resumes from stored
     states, which may be damaged or another run's. `own`: the user's rated items (train and test), which its
-    anonymity set must hold; `min_rows`: the smallest set the server registers (whole_table: none at all, the mode has no sets);
-    `max_neighbours`: 0 when the run has no graph expansion; `offset`: whether the model keeps a user offset."""
+    anonymity set must hold; `min_rows`: the smallest set the server registers (whole_table: none at all, the mode has
+    no sets); `max_neighbours`: 0 when the run has no graph expansion; `offset`: whether the model keeps a user
+    offset."""
     ids, nb = st.anonymity_ids, st.neighbours
     if st.embedding.shape != (dim,) or not np.isfinite(st.embedding).all():
         return f"an embedding of shape {st.embedding.shape}; expected {dim} finite values"
@@ -79,9 +82,11 @@ def user_state_problem(st: UserState, *, dim: int, num_items: int, own: np.ndarr
     if len(st.handle) != 2 * HANDLE_BYTES:
         return f"a handle of {len(st.handle) // 2} bytes; expected {HANDLE_BYTES}"
     if not np.isfinite(st.offset) or (st.offset != 0.0 and not offset):
-        return f"a user offset of {st.offset}; expected " + ("a finite number" if offset else "0 (model.user_offset is off)")
+        return f"a user offset of {st.offset}; expected " + ("a finite number" if offset
+                                                             else "0 (model.user_offset is off)")
     if whole_table:
-        return f"{ids.size} anonymity-set items; expected none (a privacy mode without anonymity sets)" if ids.size else None
+        return (f"{ids.size} anonymity-set items; expected none (a privacy mode without anonymity sets)" if ids.size
+                else None)
     if ids.size < min_rows or (ids.size and (ids[0] < 0 or ids[-1] >= num_items)) or (np.diff(ids) <= 0).any():
         return f"{ids.size} anonymity-set items; expected at least {min_rows} sorted distinct ids in [0, {num_items})"
     if not np.isin(own, ids, assume_unique=True).all():

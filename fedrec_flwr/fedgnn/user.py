@@ -4,7 +4,8 @@ The user's embedding and ratings never leave the device. What leaves is the LDP-
 gradient of the shared model and of the item rows of its anonymity set (rated, test and
 pseudo items together, sorted by id), see `fedrec_flwr.fedgnn.protocol`. This module needs only
 torch (not torch-geometric, not flwr, not ray), so GPU benchmarks can drive it on machines without flwr or ray.
-Its local step and protection are in `fedrec_flwr.fedgnn.local_step`; `clients.fedgnn` wraps both in Flower's NumPyClient.
+Its local step and protection are in `fedrec_flwr.fedgnn.local_step`; `clients.fedgnn` wraps both in Flower's
+NumPyClient.
 """
 
 from __future__ import annotations
@@ -130,10 +131,12 @@ def own_items(data: UserData) -> np.ndarray:
 
 def popularity_report(cfg: DeviceSections, meta: PartitionMeta, data: UserData) -> np.ndarray:
     """The user's LDP report of its items (popularity-matched sampler), drawn from its own secure stream 2."""
-    return oue_report(user_rng(cfg.secret, data.user, 2), own_items(data), meta.num_items, cfg.privacy.popularity_epsilon)
+    return oue_report(user_rng(cfg.secret, data.user, 2), own_items(data), meta.num_items,
+                      cfg.privacy.popularity_epsilon)
 
 
-def init_user_state(cfg: DeviceSections, meta: PartitionMeta, data: UserData, popularity: np.ndarray | None = None) -> UserState:
+def init_user_state(cfg: DeviceSections, meta: PartitionMeta, data: UserData,
+                    popularity: np.ndarray | None = None) -> UserState:
     """Draw the user's embedding and its fixed pseudo items (once, on the device), and start its private offset.
 
     `popularity`: the item counts the server published, required by the popularity-matched sampler.
@@ -144,7 +147,8 @@ def init_user_state(cfg: DeviceSections, meta: PartitionMeta, data: UserData, po
     emb = (rng.standard_normal(cfg.model.dim) * cfg.model.init_std).astype(np.float32)
     own = own_items(data)
     p = cfg.privacy
-    if privacy_mode(p.mode).part("Device").whole_table:  # no anonymity set: the whole table down, an update over all of it
+    # no anonymity set: the whole table down, an update over all of it
+    if privacy_mode(p.mode).part("Device").whole_table:
         pseudo = own = np.zeros(0, np.int64)
     elif p.pseudo_sampler == "popularity":
         if popularity is None or np.shape(popularity) != (meta.num_items,) or not np.all(np.isfinite(popularity)):
@@ -152,7 +156,8 @@ def init_user_state(cfg: DeviceSections, meta: PartitionMeta, data: UserData, po
         pseudo = sample_matched_pseudo(rng, own, popularity_strata(popularity, p.popularity_bins), p.pseudo_ratio,
                                        inclusion_odds(popularity, meta.num_users))
     else:
-        pseudo = sample_pseudo_items(rng, meta.num_items, own, num_pseudo(p.pseudo_items, own.size, meta.num_items - own.size))
+        pseudo = sample_pseudo_items(rng, meta.num_items, own,
+                                     num_pseudo(p.pseudo_items, own.size, meta.num_items - own.size))
     handle = rng.bytes(HANDLE_BYTES).hex()  # private randomness: the service cannot link it to the user id
     return UserState(emb, np.union1d(own, pseudo).astype(np.int64), np.zeros((0, cfg.model.dim), np.float32), handle,
                      initial_offset(cfg.model, meta, data))
@@ -257,8 +262,8 @@ def evaluate_user(
 class FedGNNUser:
     """One user's device logic. `store` persists its UserState between rounds (the device's own state)."""
 
-    def __init__(self, cfg: DeviceSections, meta: PartitionMeta, data: UserData, store, device: torch.device | None = None,
-                 model: RatingGNN | None = None):
+    def __init__(self, cfg: DeviceSections, meta: PartitionMeta, data: UserData, store,
+                 device: torch.device | None = None, model: RatingGNN | None = None):
         self.cfg, self.meta, self.data, self.store = cfg, meta, data, store
         self.device = device or torch.device("cpu")
         self.model = model if model is not None else build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
@@ -306,7 +311,8 @@ class FedGNNUser:
     def item_rows(self, rows: np.ndarray) -> np.ndarray:
         """The server's rows of this user's anonymity set as float32, checked against the set's shape."""
         rows = np.asarray(rows, np.float32)
-        expected = (self.meta.num_items if self.whole_table else self.state.anonymity_ids.size, row_width(self.cfg.model))
+        expected = (self.meta.num_items if self.whole_table else self.state.anonymity_ids.size,
+                    row_width(self.cfg.model))
         if rows.shape != expected:
             raise ValueError(f"item rows have shape {rows.shape}, expected {expected}")
         check_download([rows])
@@ -350,9 +356,11 @@ class FedGNNUser:
         client = NeighbourClient(link.address, retries=retries, token=link.secret or None,
                                  ca_file=self.cfg.ca_file or None)
         if submit:
-            client.submit(link.run_id, self.state.handle, self.state.embedding, item_tokens(link.key, self.data.train_items))
+            client.submit(link.run_id, self.state.handle, self.state.embedding,
+                          item_tokens(link.key, self.data.train_items))
         if fetch:
-            self.state.neighbours = client.neighbours(link.run_id, self.state.handle, dim=self.cfg.model.dim).astype(np.float32)
+            self.state.neighbours = client.neighbours(link.run_id, self.state.handle,
+                                                      dim=self.cfg.model.dim).astype(np.float32)
         self.store.save(self.user, self.state, server_round)
         return int(self.state.neighbours.shape[0])
 
@@ -368,11 +376,13 @@ class FedGNNUser:
         """This user's secure stream for `purpose` in `server_round` (keyed by `round_key`)."""
         return user_rng(self.cfg.secret, self.user, purpose, *self.round_key(server_round))
 
-    def begin_train(self, server_round: int, round_config: RoundConfig | None = None) -> tuple[np.random.Generator, int]:
+    def begin_train(self, server_round: int,
+                    round_config: RoundConfig | None = None) -> tuple[np.random.Generator, int]:
         """Start this user's training round: refresh its neighbours if the round asks, and return its secure stream
         for the round (stream 1) with the seed of its dropout masks, drawn first from it."""
         if round_config is not None and round_config.refresh_neighbours and round_config.expansion is not None:
-            self.expand(round_config.expansion, round_config.retries, submit=True, fetch=True, server_round=server_round)
+            self.expand(round_config.expansion, round_config.retries, submit=True, fetch=True,
+                        server_round=server_round)
         rng = self.stream(1, server_round)
         return rng, int(rng.integers(2**62))
 

@@ -178,12 +178,13 @@ def evaluation_metrics(arrays: list[np.ndarray], span: float, max_ratings: int, 
     honest round could give it (shape, non-finite, beyond every user's contribution plus the noise's tail) or its
     noisy count is not positive (too few users for this noise)."""
     if len(arrays) != 1 or np.shape(arrays[0]) != (3,):
-        raise UploadRejected(f"the evaluation sum has arrays of shapes {[np.shape(a) for a in arrays]}, expected one (3,)")
+        raise UploadRejected(f"the evaluation sum has arrays of shapes {[np.shape(a) for a in arrays]}, "
+                             f"expected one (3,)")
     sse, sae, n = (float(x) for x in np.asarray(arrays[0], np.float64))
     limit = users + 8.0 * noise_std
     if not all(math.isfinite(x) and abs(x) <= limit for x in (sse, sae, n)):
-        raise UploadRejected(f"the evaluation sum ({sse:.4g}, {sae:.4g}, {n:.4g}) is non-finite or past the {limit:.4g} "
-                             f"that {users} users' clipped vectors and the noise reach")
+        raise UploadRejected(f"the evaluation sum ({sse:.4g}, {sae:.4g}, {n:.4g}) is non-finite or past the "
+                             f"{limit:.4g} that {users} users' clipped vectors and the noise reach")
     if n <= 0:
         raise UploadRejected(f"the evaluation sum's noisy count {n:.4g} is not positive: too few users for noise "
                              f"{noise_std:.3g}")

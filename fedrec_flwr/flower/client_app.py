@@ -229,7 +229,8 @@ def fppdm_client(cfg: AppConfig, context: Context, device: torch.device):
         index = user_of(context.node_config)
         domains = _multidomain(_key(context)).domains
         if index >= len(domains):
-            raise ValueError(f"node {index} has no domain: dataset {cfg.data.name} has {len(domains)} (one SuperNode per domain)")
+            raise ValueError(f"node {index} has no domain: dataset {cfg.data.name} has {len(domains)} (one "
+                             f"SuperNode per domain)")
         domain = domains[index]
     return FPPDMDomainClient(cfg, domain, index, DomainStateStore(context.state), device).to_client()
 
@@ -250,7 +251,8 @@ def fedgnn_client(cfg: AppConfig, context: Context, device: torch.device):
     secret = device_secret(cfg, context)
     terms = device_terms(context) if privacy_mode(cfg.privacy.mode).part("Device").needs_terms else None
     # a deployed device contacts only the neighbour service its own node config names, over TLS with its own CA file
-    link = ({"neighbour_service": str(nc.get("neighbour-service", "")), "neighbour_ca": str(nc.get("neighbour-ca-file", ""))}
+    link = ({"neighbour_service": str(nc.get("neighbour-service", "")),
+             "neighbour_ca": str(nc.get("neighbour-ca-file", ""))}
             if _deployed(nc) else {})
     if nc.get("data-path"):  # deployment: this node's own file, nothing else
         meta, data = load_user_file(str(nc["data-path"]))

@@ -66,7 +66,8 @@ def fedgnn_components(cfg) -> ServerAppComponents:
                               num_item_features=meta.num_item_features, rating_span=meta.scale.high - meta.scale.low,
                               test_ratings=meta.num_test, baselines=baselines_of)
     timeout = cfg.federation.round_timeout or None
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=strategy.num_rounds, round_timeout=timeout))
+    return ServerAppComponents(strategy=strategy,
+                               config=ServerConfig(num_rounds=strategy.num_rounds, round_timeout=timeout))
 
 
 def fppdm_components(cfg) -> ServerAppComponents:
@@ -137,7 +138,8 @@ app = ServerApp()
 @app.main()
 def main(grid, context: Context) -> None:
     """Build the configured algorithm's strategy (`server_fn`), then run it: through Flower's DefaultWorkflow with
-    SecAgg+ in the rounds whose phases its privacy mode sums securely (`secure_phases`), else as a plain strategy (Flower's compat path)."""
+    SecAgg+ in the rounds whose phases its privacy mode sums securely (`secure_phases`), else as a plain strategy
+    (Flower's compat path)."""
     from flwr.server import LegacyContext
     from flwr.server.compat import start_grid
     from flwr.server.workflow import DefaultWorkflow

@@ -42,7 +42,8 @@ def _softmax_rows(logits: np.ndarray) -> np.ndarray:
 
 
 def knn_similarity(x: np.ndarray, k: int, epsilon: float, block: int = 2048) -> sp.csr_matrix:
-    """Sparse S with s_ij = softmax over i's k nearest neighbours of -||x_i - x_j||^2 / epsilon (distances scaled to mean 1)."""
+    """Sparse S with s_ij = softmax over i's k nearest neighbours of -||x_i - x_j||^2 / epsilon (distances scaled to
+    mean 1)."""
     n = x.shape[0]
     k = min(k, n - 1)
     sq = np.sum(x * x, 1)
@@ -73,7 +74,8 @@ def spectral_embedding(s: sp.csr_matrix, m: int, seed: int) -> np.ndarray:
     return vecs / np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
 
 
-def _entropic_kmeans_once(f: np.ndarray, clusters: int, eta: float, rng: np.random.Generator, iters: int) -> tuple[np.ndarray, float]:
+def _entropic_kmeans_once(f: np.ndarray, clusters: int, eta: float, rng: np.random.Generator,
+                          iters: int) -> tuple[np.ndarray, float]:
     n = f.shape[0]
     centres = [f[rng.integers(n)]]
     for _ in range(1, clusters):  # k-means++ seeding
@@ -88,7 +90,8 @@ def _entropic_kmeans_once(f: np.ndarray, clusters: int, eta: float, rng: np.rand
     return q, objective
 
 
-def entropic_kmeans(f: np.ndarray, clusters: int, eta: float, seed: int, iters: int = 30, restarts: int = 8) -> np.ndarray:
+def entropic_kmeans(f: np.ndarray, clusters: int, eta: float, seed: int, iters: int = 30,
+                    restarts: int = 8) -> np.ndarray:
     """Soft assignments [n, clusters] of entropy-regularised k-means: best objective of several k-means++ starts."""
     rng = np.random.default_rng(seed)
     runs = [_entropic_kmeans_once(f, clusters, eta, rng, iters) for _ in range(restarts)]

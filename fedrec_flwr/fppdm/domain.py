@@ -144,7 +144,8 @@ class DomainTrainer:
         n = self.data.num_uploaded
         return mu[:n].cpu().numpy(), sigma[:n].cpu().numpy()
 
-    def train(self, server_round: int, global_ids: np.ndarray, global_mu: np.ndarray, global_sigma: np.ndarray) -> float:
+    def train(self, server_round: int, global_ids: np.ndarray, global_mu: np.ndarray,
+              global_sigma: np.ndarray) -> float:
         """`local_epochs` epochs of hinge(margin + W2(u,pos) - W2(u,neg)) + lambda_P W2(u, global u)
         (+ lambda_C W2(u, its cluster) for FPPDM++).
 
@@ -186,7 +187,8 @@ class DomainTrainer:
                 if rows:  # only the propagated rows of the batch's nodes (the same values and gradients)
                     nodes = np.unique(np.concatenate([users, pos + d.num_users, neg + d.num_users]))
                     mu, sigma = self.model.forward_rows(self.model.plan_rows(nodes))
-                    u, p, q = (torch.from_numpy(np.searchsorted(nodes, a)) for a in (users, pos + d.num_users, neg + d.num_users))
+                    u, p, q = (torch.from_numpy(np.searchsorted(nodes, a))
+                               for a in (users, pos + d.num_users, neg + d.num_users))
                 else:  # the reference: the whole graph every step
                     mu, sigma = self.model()
                     u = gu
@@ -198,7 +200,8 @@ class DomainTrainer:
                 loss = torch.relu(f.margin + dp - dn).mean()
                 if has_global.any():
                     w = has_global_t[gu].float()
-                    loss = loss + f.lambda_p * (w * w2_squared(mu_u, sigma_u, g_mu[gu], g_sigma[gu])).sum() / w.sum().clamp(min=1)
+                    loss = loss + f.lambda_p * (w * w2_squared(mu_u, sigma_u, g_mu[gu],
+                                                               g_sigma[gu])).sum() / w.sum().clamp(min=1)
                 if cluster_of is not None:
                     c = cluster_of[gu]
                     loss = loss + cc.lambda_c * w2_squared(mu_u, sigma_u, cluster_mu[c], cluster_sigma[c]).mean()

@@ -7,17 +7,18 @@ exactly one implementation:
    ciphertexts and domain counts of its users (Paillier, `fppdm.secure.enabled`);
 2. train: validate each domain's upload (user ids distinct and in range, shapes, dtypes; in
    plaintext also mu and sigma finite, |mu| and 0 < sigma within `value_bounds` (the model's scale, or
-   `fppdm.server.max_abs_mu` / `max_sigma`), or sigma = 0 for point embeddings), then, if at least `federation.min_clients` uploads were accepted, the
-   per-user closed-form W2 barycenter over the domains holding each user (in plaintext, or as a
-   product of ciphertexts the domains decrypt); fewer leave the global users unchanged;
+   `fppdm.server.max_abs_mu` / `max_sigma`), or sigma = 0 for point embeddings), then, if at least
+   `federation.min_clients` uploads were accepted, the per-user closed-form W2 barycenter over the domains holding each
+   user (in plaintext, or as a product of ciphertexts the domains decrypt); fewer leave the global users unchanged;
 3. evaluate: every `eval_every` rounds and at the end each domain reports HR@K / NDCG@K on its own
    leave-one-out test users; the core keeps them per domain and their unweighted mean.
 
 Rejected messages are logged, counted and never averaged in. Under Paillier the server sees no
 value, so only ids, shapes and the public key can be checked here.
 
-Message layouts: `fedrec_flwr.fppdm.protocol`. The core reads only its sections: `fppdm.model` (dim, gaussian), `fppdm.server`, `fppdm.secure`
-and `federation`; `FPPDMRounds.from_config` picks them (and the node list) out of a run's config.
+Message layouts: `fedrec_flwr.fppdm.protocol`. The core reads only its sections: `fppdm.model` (dim, gaussian),
+`fppdm.server`, `fppdm.secure` and `federation`; `FPPDMRounds.from_config` picks them (and the node list) out of a run's
+config.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def validate_encrypted(arrays: list[np.ndarray], num_users: int, per_user: int, 
     ids, cts, n = split_encrypted_upload(arrays)
     _check_ids(ids, num_users)
     if cts.dtype != np.uint8 or cts.shape != (ids.size * per_user, 2 * key_bits // 8):
-        raise UploadRejected(f"ciphertexts have shape {cts.shape}, expected {(ids.size * per_user, 2 * key_bits // 8)} uint8")
+        raise UploadRejected(f"ciphertexts have shape {cts.shape}, expected "
+                             f"{(ids.size * per_user, 2 * key_bits // 8)} uint8")
     if n.dtype != np.uint8 or n.ndim != 1 or not 0 < n.size <= key_bits // 8 + 1:
         raise UploadRejected("public key must be the modulus as a 1-D uint8 array")
     return EncryptedUpload(ids.astype(np.int64), cts, n)
@@ -140,7 +142,8 @@ class FPPDMRounds:
         operator's node list {node id: [domain index]} when `deployment.node_list` names one."""
         listed = None
         if cfg.deployment.node_list:
-            listed = {node: min(ids) for node, ids in load_node_list(cfg.deployment.node_list, num_domains).items() if ids}
+            listed = {node: min(ids) for node, ids in load_node_list(cfg.deployment.node_list, num_domains).items()
+                      if ids}
         f = cfg.fppdm
         return cls(num_users, f.model, f.server, f.secure, cfg.federation, recorder, listed, domain_names,
                    f.evaluation.topk, f.training.margin)
@@ -221,11 +224,13 @@ class FPPDMRounds:
             ordered = sorted(uploads, key=lambda u: (len(u.ids), u.ids.tobytes()))
             self.global_users = user_barycenters(ordered, self.num_users, self.dim)
         self.rounds_not_applied += not applied
-        counts = np.bincount(np.concatenate([u.ids for u in uploads]), minlength=self.num_users) if uploads else np.zeros(1)
+        counts = np.bincount(np.concatenate([u.ids for u in uploads]),
+                             minlength=self.num_users) if uploads else np.zeros(1)
         record = {"round": server_round, "phase": "train", "clients": len(replies), "accepted": len(uploads),
                   "rejected": len(replies) + len(failures) - len(uploads), "applied": applied,
                   "overlapping_users": int((counts > 1).sum()), "bytes_up": up / max(len(replies), 1),
-                  "bytes_down": float(np.mean([array_bytes(self.download(r.node_id)) for r in replies])) if replies else 0.0,
+                  "bytes_down": float(np.mean([array_bytes(self.download(r.node_id)) for r in replies])) if replies
+                                else 0.0,
                   "round_seconds": time.time() - started}
         self.record(record, complete=not self.is_eval_round(server_round))
         return record

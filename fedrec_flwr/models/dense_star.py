@@ -64,7 +64,8 @@ def _gat(p: dict[str, torch.Tensor], g: DenseStars, heads: int) -> tuple[torch.T
     z_all = torch.cat([z_user[:, None], z_items, z_neigh], 1)
     out_user = (alpha[..., None] * z_all).sum(1).mean(1)  # [B, d]
     # an item node: softmax over itself and its user
-    pair = F.leaky_relu(torch.stack([src_items, src_user[:, None].expand_as(src_items)], -1) + dst_items[..., None], 0.2)
+    pair = F.leaky_relu(torch.stack([src_items, src_user[:, None].expand_as(src_items)], -1) + dst_items[..., None],
+                        0.2)
     beta = torch.softmax(pair, -1)  # [B, T, H, 2]
     out_items = (beta[..., 0:1] * z_items + beta[..., 1:2] * z_user[:, None]).mean(2)  # [B, T, d]
     bias = p["encoder.conv.bias"]
@@ -91,7 +92,8 @@ def _gru(p: dict[str, torch.Tensor], m: torch.Tensor, h: torch.Tensor, with_gate
     gi = _rowwise(m, p["encoder.conv.rnn.weight_ih"].transpose(1, 2))
     gh = _rowwise(h, p["encoder.conv.rnn.weight_hh"].transpose(1, 2))
     shape = [gh.shape[0]] + [1] * (gh.dim() - 2) + [gh.shape[-1]]
-    gi = gi.view(*gi.shape[:1], *([1] * (gh.dim() - gi.dim())), *gi.shape[1:]) + p["encoder.conv.rnn.bias_ih"].view(shape)
+    gi = gi.view(*gi.shape[:1], *([1] * (gh.dim() - gi.dim())),
+                 *gi.shape[1:]) + p["encoder.conv.rnn.bias_ih"].view(shape)
     gh = gh + p["encoder.conv.rnn.bias_hh"].view(shape)
     i_r, i_z, i_n = gi.chunk(3, -1)
     h_r, h_z, h_n = gh.chunk(3, -1)
@@ -104,7 +106,8 @@ def _gru(p: dict[str, torch.Tensor], m: torch.Tensor, h: torch.Tensor, with_gate
 def _ggnn(p: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torch.Tensor]:
     """GatedGraphConv(num_layers=1): summed messages x_j W, then a GRU update (no self loops)."""
     w = p["encoder.conv.weight"][:, 0]  # [B, d, d]
-    m_user = _rowwise((g.item_mask[..., None] * g.items).sum(1) + (g.neighbour_mask[..., None] * g.neighbours).sum(1), w)
+    m_user = _rowwise((g.item_mask[..., None] * g.items).sum(1) + (g.neighbour_mask[..., None] * g.neighbours).sum(1),
+                      w)
     m_items = _rowwise(g.user, w)  # [B, d]: every item's message is its user's row times W
     return _gru(p, m_user, g.user), _gru(p, m_items, g.items)
 
@@ -120,7 +123,8 @@ def ggnn_user_update(params: dict[str, torch.Tensor], g: DenseStars) -> tuple[to
     return out, z, from_neighbours
 
 
-def dense_encode(kind: str, heads: int, params: dict[str, torch.Tensor], g: DenseStars) -> tuple[torch.Tensor, torch.Tensor]:
+def dense_encode(kind: str, heads: int, params: dict[str, torch.Tensor],
+                 g: DenseStars) -> tuple[torch.Tensor, torch.Tensor]:
     """Node representations of the user nodes [B, d] and item nodes [B, T, d], as StarGraphEncoder gives them
     (after its dropout, which the caller applies to `g`)."""
     if kind == "gat":

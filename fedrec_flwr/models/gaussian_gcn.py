@@ -72,7 +72,8 @@ class RowPlan:
                 if prev.size > full_fraction * n:
                     prev = None
             if prev is not None:
-                sub = sp.csr_matrix((sub.data, np.searchsorted(prev, sub.indices), sub.indptr), shape=(sets[k].size, prev.size))
+                sub = sp.csr_matrix((sub.data, np.searchsorted(prev, sub.indices), sub.indptr),
+                                    shape=(sets[k].size, prev.size))
             blocks[k], sets[k - 1] = sub, prev
         self.blocks = blocks
         # the backward pass's blocks, transposed once for both tables: a CSR product is faster than scipy's
@@ -134,8 +135,8 @@ def _map(fn, arrays: list[np.ndarray]) -> list[np.ndarray]:
 class GaussianLightGCN(nn.Module):
     """Per-domain model: mean and std embeddings for every user and item, smoothed over the graph."""
 
-    def __init__(self, num_users: int, num_items: int, dim: int, layers: int, adjacency: torch.Tensor, gaussian: bool = True,
-                 value_bound: tuple[float, float] = (math.inf, math.inf)):
+    def __init__(self, num_users: int, num_items: int, dim: int, layers: int, adjacency: torch.Tensor,
+                 gaussian: bool = True, value_bound: tuple[float, float] = (math.inf, math.inf)):
         super().__init__()
         self.num_users, self.num_items, self.layers, self.gaussian = num_users, num_items, layers, gaussian
         self.mu_bound, self.sigma_bound = value_bound  # R, S: |mu| <= R and sigma <= S for every output row

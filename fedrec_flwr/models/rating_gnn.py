@@ -88,7 +88,8 @@ class RatingGNN(nn.Module):
         if rows is None or not self.item_bias:
             return rows, None
         if rows.shape[-1] != self.dim + 1:
-            raise ValueError(f"item rows have width {rows.shape[-1]}, expected dim + 1 = {self.dim + 1} (model.item_bias)")
+            raise ValueError(f"item rows have width {rows.shape[-1]}, expected dim + 1 = {self.dim + 1} "
+                             f"(model.item_bias)")
         return rows[..., : self.dim], rows[..., self.dim]
 
     def forward(

@@ -49,7 +49,8 @@ def _owner(counts: np.ndarray) -> np.ndarray:
 
 
 def build_star_batch(
-    train_counts: Sequence[int], query_counts: Sequence[int] | None = None, neighbour_counts: Sequence[int] | None = None
+    train_counts: Sequence[int], query_counts: Sequence[int] | None = None,
+    neighbour_counts: Sequence[int] | None = None
 ) -> StarBatch:
     """Edges for B star graphs given, per user, how many train items, query items and neighbours it has."""
     t = np.asarray(train_counts, np.int64)

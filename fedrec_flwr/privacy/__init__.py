@@ -8,4 +8,5 @@ from .pseudo_items import (
     sample_pseudo_items,
 )
 
-__all__ = ["clip_linf", "ledoit_wolf_shrinkage", "num_pseudo", "privatize", "pseudo_gradient_rows", "sample_pseudo_items"]
+__all__ = ["clip_linf", "ledoit_wolf_shrinkage", "num_pseudo", "privatize", "pseudo_gradient_rows",
+           "sample_pseudo_items"]

@@ -39,7 +39,8 @@ def privatize_flat(x: torch.Tensor, delta: float, noise_lambda: float, rng: np.r
     return x.clamp_(-delta, delta).add_(noise, alpha=noise_lambda)
 
 
-def privatize(arrays: list[np.ndarray], delta: float, noise_lambda: float, rng: np.random.Generator) -> list[np.ndarray]:
+def privatize(arrays: list[np.ndarray], delta: float, noise_lambda: float,
+              rng: np.random.Generator) -> list[np.ndarray]:
     """Clip each array to the L-inf ball of radius delta and add i.i.d. Laplace(0, lambda) noise (one draw for
     all arrays, in their order: the same numbers as `privatize_flat` on their concatenation)."""
     flat = torch.from_numpy(np.concatenate([np.asarray(a, np.float32).ravel() for a in arrays]) if arrays

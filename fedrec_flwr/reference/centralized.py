@@ -39,7 +39,8 @@ class CentralizedTrainer:
         self.rng = np.random.default_rng(cfg.seed)
         d = cfg.model.dim
         self.units = ds.scale.in_units()  # what the model trains on, as FedGNN's devices do
-        self.model = build_model(cfg.model, self.units.midpoint, 0 if ds.item_features is None else ds.item_features.shape[1])
+        self.model = build_model(cfg.model, self.units.midpoint,
+                                 0 if ds.item_features is None else ds.item_features.shape[1])
         self.features = None if ds.item_features is None else torch.from_numpy(ds.item_features)
         self.user_emb = torch.nn.Parameter(torch.randn(ds.num_users, d) * 0.1)
         items = torch.randn(ds.num_items, d) * 0.1
@@ -118,7 +119,8 @@ def run_centralized(cfg: AppConfig) -> dict:
         metrics = trainer.evaluate()
         rec.add_round({"round": epoch, "train_loss": loss, **metrics, "round_seconds": time.time() - te,
                        "bytes_up": 0, "bytes_down": 0})
-        print(f"[centralized] epoch {epoch:3d} loss {loss:.4f} rmse {metrics['rmse']:.4f} mae {metrics['mae']:.4f}", flush=True)
+        print(f"[centralized] epoch {epoch:3d} loss {loss:.4f} rmse {metrics['rmse']:.4f} mae {metrics['mae']:.4f}",
+              flush=True)
         best = metrics
     global_mean = float(ds.train.values.mean())
     baseline = rmse(np.full(len(ds.test), global_mean), ds.test.values, ds.scale.low, ds.scale.high)

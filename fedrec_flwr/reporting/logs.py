@@ -46,7 +46,8 @@ class FlowerRoundFilter(logging.Filter):
     """Drops Flower's INFO lines of every round and its History dump (FLOWER_ROUND_MESSAGES)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno > logging.INFO or not (isinstance(record.msg, str) and record.msg in FLOWER_ROUND_MESSAGES)
+        return record.levelno > logging.INFO or not (isinstance(record.msg, str)
+                                                     and record.msg in FLOWER_ROUND_MESSAGES)
 
 
 _FLOWER_FILTER = FlowerRoundFilter()

@@ -20,7 +20,8 @@ def secrets_provenance(config: dict) -> dict | None:
     if algorithm is None or not algorithm.privacy_modes:  # no device-side privacy draws
         return None
     if (config.get("data") or {}).get("catalogue"):  # a deployment: devices ignore the run config's path
-        return {"fixed": False, "by": "each device: drawn from its OS at its first start, kept in its own state, never sent"}
+        return {"fixed": False, "by": "each device: drawn from its OS at its first start, kept in its own "
+                                      "state, never sent"}
     if (config.get("simulation") or {}).get("device_secrets"):
         return {"fixed": True, "by": "the experimenter: simulation.device_secrets, a file only the ClientApps read; "
                                      "the run replays bit for bit with it"}
@@ -125,7 +126,8 @@ class RunRecorder:
             keys: list[str] = []
             for r in rounds:
                 keys += [k for k in r if k not in keys]
-            lines = [",".join(keys)] + [",".join("" if r.get(k) is None else str(r.get(k)) for k in keys) for r in rounds]
+            lines = [",".join(keys)] + [",".join("" if r.get(k) is None else str(r.get(k)) for k in keys)
+                                        for r in rounds]
             _atomic_write(self.output_dir / "rounds.csv", "\n".join(lines) + "\n")
         return path
 

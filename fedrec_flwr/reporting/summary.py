@@ -20,7 +20,8 @@ EXPECTED = "the results.json a run writes in its output folder"
 
 
 class ResultsFileError(ValueError):
-    """A results.json that cannot be summarised or plotted; the message names the file, the key and what was expected."""
+    """A results.json that cannot be summarised or plotted; the message names the file, the key and what was
+    expected."""
 
 
 def _number(value: Any) -> bool:
@@ -83,7 +84,8 @@ def check_results(file: Path, doc: Any) -> dict:
         if final.get("rmse") is not None:
             missing = [k for k in ("global_mean", "user_mean", "item_mean") if k not in baselines]
             if missing:
-                fail("baselines", baselines, f"the trivial baselines global_mean, user_mean and item_mean (missing {missing})")
+                fail("baselines", baselines,
+                     f"the trivial baselines global_mean, user_mean and item_mean (missing {missing})")
     privacy = doc.get("privacy")
     if privacy and isinstance(privacy, dict) and "epsilon" in privacy:  # a user-level ledger: one epsilon for all
         try:
@@ -99,7 +101,8 @@ def check_results(file: Path, doc: Any) -> dict:
     elif privacy:
         try:
             numbers = [privacy["delta"], privacy["epsilon_per_coordinate_per_upload"],
-                       privacy["per_upload"]["coordinates"], privacy["per_upload"]["basic"], privacy["per_upload"]["tight"],
+                       privacy["per_upload"]["coordinates"], privacy["per_upload"]["basic"],
+                       privacy["per_upload"]["tight"],
                        *(privacy["per_user_run"][w][k] for w in ("median", "max") for k in ("basic", "tight"))]
             ok = isinstance(privacy["neighbouring"], str) and all(_number(v) for v in numbers)
             ok = ok and all("uploads" in privacy["per_user_run"][w] for w in ("median", "max"))
@@ -156,13 +159,13 @@ def summarize(path: str) -> str:
     data_cfg = config.get("data") if isinstance(config.get("data"), dict) else {}
     held = "validation" if data_cfg.get("holdout") == "validation" else "test"  # which ratings were scored
     if held == "validation":
-        lines.append(f"  scored on the validation holdout ({data_cfg.get('validation_fraction')} of each user's training "
-                     "ratings, data.holdout=validation), not on the test ratings")
+        lines.append(f"  scored on the validation holdout ({data_cfg.get('validation_fraction')} of each user's "
+                     "training ratings, data.holdout=validation), not on the test ratings")
     scored, total = doc["final"].get("eval_ratings"), doc["final"].get("test_ratings")
     if isinstance(doc["final"].get("released"), str):  # user-level DP: what the server learns is a noisy release
         lines.append(f"  evaluation released under the user-level guarantee: {doc['final']['released']} (about "
-                     f"{scored:,} weighted ratings of the split's {total if total is not None else '?'}); the baselines "
-                     "below are exact")
+                     f"{scored:,} weighted ratings of the split's {total if total is not None else '?'}); the "
+                     "baselines below are exact")
     elif scored is not None and total is not None:
         lines.append(f"  {held} ratings scored: {scored:,} of the split's {total:,}")
     baselines = doc.get("baselines")
@@ -188,15 +191,19 @@ def summarize(path: str) -> str:
         one, run = budget["per_upload"], budget["per_user_run"]
         lines.append(f"  privacy ({budget['neighbouring']}; tight = RDP at delta {budget['delta']:g}):")
         lines.append(f"    epsilon {budget['epsilon_per_coordinate_per_upload']:g} per coordinate of one upload")
-        lines.append(f"    one upload ({one['coordinates']:,} coordinates): {one['basic']:.4g} basic, {one['tight']:.4g} tight")
+        lines.append(f"    one upload ({one['coordinates']:,} coordinates): {one['basic']:.4g} basic, "
+                     f"{one['tight']:.4g} tight")
         for which in ("median", "max"):
             r = run[which]
-            lines.append(f"    {which} user over the run ({r['uploads']} uploads): {r['basic']:.4g} basic, {r['tight']:.4g} tight"
-                         + (f" ({r['tight_at_1_over_n']['epsilon']:.4g} at delta 1/N)" if "tight_at_1_over_n" in r else ""))
+            lines.append(f"    {which} user over the run ({r['uploads']} uploads): {r['basic']:.4g} basic, "
+                         f"{r['tight']:.4g} tight"
+                         + (f" ({r['tight_at_1_over_n']['epsilon']:.4g} at delta 1/N)" if "tight_at_1_over_n" in r
+                            else ""))
     secrets = doc.get("device_secrets")
     if isinstance(secrets, dict) and isinstance(secrets.get("by"), str):
         lines.append(f"  device secrets: {'fixed' if secrets.get('fixed') else 'fresh'}, by {secrets['by']}")
     if up and down:
-        lines.append(f"  per client per round: {sum(up) / len(up) / 1e6:.3f} MB up, {sum(down) / len(down) / 1e6:.3f} MB down")
+        lines.append(f"  per client per round: {sum(up) / len(up) / 1e6:.3f} MB up, "
+                     f"{sum(down) / len(down) / 1e6:.3f} MB down")
     lines.append(f"  results: {path}/results.json")
     return "\n".join(lines)

@@ -93,7 +93,8 @@ class Server(ServerMechanism):
         `row_width` (b_i included) per item of the set."""
         server = self.rounds.server
         model = sum(int(np.prod(s)) for s in server.model_shapes)
-        return self.ledger.budget({u: model + ids.size * self.rounds.row_width for u, ids in server.anonymity_sets.items()})
+        return self.ledger.budget({u: model + ids.size * self.rounds.row_width
+                                   for u, ids in server.anonymity_sets.items()})
 
     def state(self) -> dict:
         """The per-user upload counts."""

@@ -51,12 +51,13 @@ def check_config(cfg: AppConfig) -> None:
         raise ConfigError("privacy.mode = 'user_dp' without privacy.target_epsilon has no budget to size its released "
                           "evaluation from; expected privacy.eval_noise_multiplier > 0")
     if cfg.expansion.mode != "none":
-        raise ConfigError(f"privacy.mode = 'user_dp' with expansion.mode = {cfg.expansion.mode!r}: graph expansion sends "
-                          "each user's embedding, trained on its ratings, to the neighbour service without noise, which "
-                          "the user-level guarantee does not cover; set expansion.mode = none")
+        raise ConfigError(f"privacy.mode = 'user_dp' with expansion.mode = {cfg.expansion.mode!r}: graph expansion "
+                          "sends each user's embedding, trained on its ratings, to the neighbour service without "
+                          "noise, which the user-level guarantee does not cover; set expansion.mode = none")
     if cfg.merge.robust != "mean":
-        raise ConfigError(f"privacy.mode = 'user_dp' with merge.robust = {cfg.merge.robust!r}: under secure aggregation "
-                          "the server sees only the sum, so a coordinate-wise median or trimmed mean cannot be taken")
+        raise ConfigError(f"privacy.mode = 'user_dp' with merge.robust = {cfg.merge.robust!r}: under secure "
+                          "aggregation the server sees only the sum, so a coordinate-wise median or trimmed mean "
+                          "cannot be taken")
     if cfg.local.upload != "gradient":
         raise ConfigError("privacy.mode = 'user_dp' with local.upload = 'delta': use 'gradient' (the delta path "
                           "clips each local step per coordinate to privacy.clip_delta, an LDP setting)")
@@ -81,14 +82,16 @@ class Device(DeviceMechanism):
         """The node's one vector (`user_dp.node_update`); num_examples 1, so that SecAgg+'s weighted mean over the
         nodes times their number is the plain sum."""
         if terms is None:
-            raise ValueError("a user-DP round on a node without its own privacy terms (clients.privacy_guard.DeviceTerms)")
+            raise ValueError("a user-DP round on a node without its own privacy terms "
+                             "(clients.privacy_guard.DeviceTerms)")
         weights, table, _ = split_table_download(parameters, num_weights)  # every hosted user is asked
         vector = node_update([user_of(u) for u in hosted], weights, table, rc.round, rc, user_batch, terms.q,
                              terms.share_std, cover=terms.policy.hides_timing)
         return vector, 1, {"phase": PHASE_TRAIN, "users": len(hosted)}
 
     def evaluation_sum_reply(self, user_of, hosted, parameters, rc: RoundConfig, num_weights, terms):
-        """Every hosted user's clipped, normalised error sums with the node's noise share (`user_dp.node_evaluation`)."""
+        """Every hosted user's clipped, normalised error sums with the node's noise share
+        (`user_dp.node_evaluation`)."""
         if terms is None:
             raise ValueError("an evaluate-sum round on a node without its own privacy terms")
         weights, table, _ = split_table_download(parameters, num_weights)
@@ -147,10 +150,11 @@ class Server(ServerMechanism):
         return sample_rate(self.rounds.federation.clients_per_round, b.num_users) * b.num_users
 
     def secagg_clipping_ranges(self, per_node: int) -> tuple[float, float]:
-        """SecAgg+'s per-coordinate ranges of a node's training and evaluation vectors (`user_dp.secagg_clipping_range`),
-        for nodes of `per_node` users whose shares are sized at the noise floor."""
+        """SecAgg+'s per-coordinate ranges of a node's training and evaluation vectors
+        (`user_dp.secagg_clipping_range`), for nodes of `per_node` users whose shares are sized at the noise floor."""
         p = self.rounds.privacy
-        return (secagg_clipping_range(p.clip_norm, per_node, share_std(self.ledger.sigma, p.clip_norm, self.secure_floor)),
+        return (secagg_clipping_range(p.clip_norm, per_node,
+                                      share_std(self.ledger.sigma, p.clip_norm, self.secure_floor)),
                 secagg_clipping_range(1.0, per_node, share_std(self.ledger.eval_sigma, 1.0, self.secure_floor)))
 
     def train_sum(self, logical_round, summed, reporting_users, nodes, failures, started, bytes_down, bytes_up):
@@ -169,7 +173,8 @@ class Server(ServerMechanism):
                 # a device may size its share for a stricter floor than the run's, at most every node of the run
                 least = self.ledger.sigma * math.sqrt(nodes / max(r.bindings.run_nodes, 1)) * r.privacy.clip_norm
                 *model, table = check_sum(summed, r.server.model_shapes, (r.server.num_items, r.server.row_width),
-                                          r.privacy.clip_norm, sigma * r.privacy.clip_norm, self.expected_users(), least)
+                                          r.privacy.clip_norm, sigma * r.privacy.clip_norm,
+                                          self.expected_users(), least)
                 applied = reporting_users >= r.federation.min_clients
             except UploadRejected as exc:
                 r.reject(logical_round, f"aggregate refused: {exc}")
@@ -241,8 +246,8 @@ class Server(ServerMechanism):
             raise CheckpointError(f"{path}: no key 'user_dp_noise'; expected the user-level privacy ledger of this "
                                   "privacy.mode = user_dp run")
         if (released := sum(n for _, n in state["user_dp_noise"])) > train_rounds:
-            raise CheckpointError(f"{path}: key 'user_dp_noise' accounts for {released} released sums; expected at most "
-                                  f"{train_rounds}, one per training round")
+            raise CheckpointError(f"{path}: key 'user_dp_noise' accounts for {released} released sums; expected at "
+                                  f"most {train_rounds}, one per training round")
 
     def restore(self, state: dict) -> None:
         """Continue the ledger."""
