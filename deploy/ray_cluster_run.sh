@@ -7,7 +7,8 @@
 # Flower's Ray backend calls ray.init() without an address, and Ray then joins the cluster named by
 # RAY_ADDRESS. `flwr run . local` hands the run to a background SuperLink that keeps the environment it
 # was started with, so this script gives the run a Flower home of its own (FLWR_HOME in a fresh work
-# folder): the SuperLink started there sees RAY_ADDRESS, and the user's own SuperLink is never touched.
+# folder) and free SuperLink ports: the SuperLink started there sees RAY_ADDRESS, and the user's own SuperLink
+# is never touched.
 # At the end it stops that SuperLink by process id (fedrec_flwr.flower.local_superlink), and with --local-cluster
 # the two Ray nodes it started (each a `ray start --block` process, whose SIGTERM stops that node's own
 # processes and nothing else), then removes the work folder. Nothing is stopped by name.
@@ -33,6 +34,16 @@ if [ "${#work}" -gt 32 ]; then  # Ray's socket paths (session folder + sockets/.
 fi
 export FLWR_HOME="$work/flwr-home"
 mkdir -p "$FLWR_HOME"
+# Flower's managed local SuperLink listens on fixed ports (39091, 39093) whatever FLWR_HOME says, so a SuperLink
+# already running there (this user's, or another run's) would take the run, and run it without RAY_ADDRESS. Ours
+# gets free ports of its own (Flower reads them from these variables).
+read -r FLWR_LOCAL_SUPERLINK_HTTP_API_PORT FLWR_LOCAL_CONTROL_API_PORT < <("$PY" -c '
+import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(*(s.getsockname()[1] for s in socks))')
+export FLWR_LOCAL_SUPERLINK_HTTP_API_PORT FLWR_LOCAL_CONTROL_API_PORT
 node_pids=()
 
 cleanup() {

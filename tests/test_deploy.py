@@ -74,7 +74,9 @@ def test_ray_cluster_script_runs_clientapps_on_both_nodes_matches_a_plain_run_an
     run_args = ["--preset", "quickstart", "--device-secrets", str(fixed_secrets(tmp_path)), "--set",
                 "federation.rounds=2", "federation.eval_every=2", "simulation.users_per_node=150"]
     plain_home = tmp_path / "plain-flwr-home"
-    env = {**os.environ, "FLWR_HOME": str(plain_home)}  # a Flower home of its own: its SuperLink is ours to stop
+    # a Flower home and SuperLink ports of its own: its SuperLink is ours to stop, and no other takes the run
+    env = {**os.environ, "FLWR_HOME": str(plain_home), "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(_free_port()),
+           "FLWR_LOCAL_CONTROL_API_PORT": str(_free_port())}
     try:
         plain = subprocess.run([str(ROOT / ".venv" / "bin" / "fedrec"), "run", *run_args, "--out",
                                 str(tmp_path / "plain")],
