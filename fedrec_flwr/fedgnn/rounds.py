@@ -224,7 +224,8 @@ class FedGNNRounds:
         for reply in replies:
             try:
                 claimed = validate_registration(reply.arrays, self.server.num_items, min_rows,
-                                                self.bindings.claim_limit(reply.node_id), self.mechanism.whole_table)
+                                                self.bindings.claim_limit(reply.node_id),
+                                                self.server.device_mechanism.whole_table)
                 self.bindings.check_claim(reply.node_id, [u for u, _, _ in claimed])
                 for u, _, _ in claimed:
                     if self.reported_by.get(u, reply.node_id) != reply.node_id:

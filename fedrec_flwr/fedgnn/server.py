@@ -171,7 +171,7 @@ class FedGNNServer:
         # `self.model` is the torch model; its section is `model_cfg`
         self.model_cfg, self.server_opt, self.merge, self.privacy, self.seed = model, server_opt, merge, privacy, seed
         # the privacy mode's device side: whether users register anonymity sets and report popularity first
-        self.users = privacy_mode(privacy.mode).device(privacy)
+        self.device_mechanism = privacy_mode(privacy.mode).device(privacy)
         self.row_width = row_width(model)  # the width of an item row: the table's, every download's and upload's
         self.device = device or torch.device("cpu")
         torch.manual_seed(seed)
@@ -218,7 +218,7 @@ class FedGNNServer:
         """Rows every upload must carry: M (uniform sampler) or 1 + ratio (popularity-matched), at most the
         catalogue."""
         p = self.privacy
-        if self.users.whole_table:  # no anonymity sets: a user registers an empty one and downloads the whole table
+        if self.device_mechanism.whole_table:  # no anonymity sets: an empty one registered, the whole table down
             return 0
         return min(p.pseudo_ratio + 1 if p.pseudo_sampler == "popularity" else p.pseudo_items, self.num_items)
 
@@ -229,7 +229,7 @@ class FedGNNServer:
 
     def registration_download(self) -> list[np.ndarray]:
         """What registration sends every node: nothing, or the published item counts the matched sampler needs."""
-        if not self.users.reports_popularity():
+        if not self.device_mechanism.reports_popularity():
             return []
         if self.popularity is None:
             raise RuntimeError("the popularity-matched sampler needs the users' popularity reports before registration")
@@ -243,7 +243,7 @@ class FedGNNServer:
     def register(self, user: int, ids: np.ndarray) -> None:
         """Record a user's anonymity set after checking it."""
         ids = check_anonymity_set(ids, self.num_items, self.min_rows())
-        if self.users.whole_table and ids.size:
+        if self.device_mechanism.whole_table and ids.size:
             raise UploadRejected(f"this privacy mode has no anonymity sets; user {user} registered {ids.size} item ids")
         self.anonymity_sets[user] = ids.astype(np.int32)
 

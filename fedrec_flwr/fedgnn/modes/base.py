@@ -24,10 +24,11 @@ class DeviceMechanism:
     """What a user registers, protects and uploads under one privacy mode (device side)."""
 
     name = ""
-    whole_table = False  # registers no anonymity set and downloads the whole item table
-    expands_graph = True  # may send its embedding to a neighbour service
-    plain_evaluation = True  # may send its error sums as a plain evaluation reply
-    needs_terms = False  # needs the device's own terms of the run (`clients.privacy_guard.DeviceTerms`)
+    # the defaults are the restrictive choices: a mode opts into each looser one explicitly
+    whole_table = True  # registers no anonymity set and downloads the whole item table
+    expands_graph = False  # may send its embedding to a neighbour service
+    plain_evaluation = False  # may send its error sums as a plain evaluation reply
+    needs_terms = True  # needs the device's own terms of the run (`clients.privacy_guard.DeviceTerms`): guarded
 
     def __init__(self, privacy: PrivacyConfig):
         self.privacy = privacy
@@ -56,7 +57,6 @@ class ServerMechanism:
 
     name = ""
     secure_phases: frozenset[str] = frozenset()  # phases whose replies arrive as one secure sum over the nodes
-    whole_table = False  # users register empty anonymity sets and download the whole table
 
     def __init__(self, rounds: Any):
         self.rounds = rounds  # the `fedgnn.rounds.FedGNNRounds` this mechanism serves (it builds the mechanism)
@@ -81,7 +81,8 @@ class ServerMechanism:
         raise NotImplementedError
 
     def record_upload(self, user: int) -> None:
-        """Charge one accepted per-user upload to its user's ledger."""
+        """Charge one accepted per-user upload to its user's ledger; a mode without per-user uploads refuses."""
+        raise NotImplementedError(f"privacy.mode {self.name!r} takes no per-user uploads")
 
     def train_record(self) -> dict:
         """Extra keys of a training round's record (its privacy terms)."""
@@ -107,10 +108,12 @@ class ServerMechanism:
 
     def state(self) -> dict:
         """The ledger's checkpoint state."""
-        return {}
+        raise NotImplementedError
 
     def check_resume(self, path, state: dict, train_rounds: int) -> None:
         """CheckpointError unless the checkpoint's ledger fits `train_rounds` training rounds done."""
+        raise NotImplementedError
 
     def restore(self, state: dict) -> None:
         """Continue the ledger from a checkpoint's state."""
+        raise NotImplementedError

@@ -32,6 +32,10 @@ class Device(DeviceMechanism):
     """A user registers its anonymity set, trains on the rows of it, and uploads clipped, noised gradients."""
 
     name = "ldp"
+    whole_table = False  # an anonymity set of pseudo items, and only its rows
+    expands_graph = True
+    plain_evaluation = True  # error sums on the device's own test ratings, bounded by the server
+    needs_terms = False
 
     def reports_popularity(self) -> bool:
         """The popularity-matched sampler needs every user's LDP report of its items first."""

@@ -107,7 +107,6 @@ class Server(ServerMechanism):
 
     name = "user_dp"
     secure_phases = frozenset({PHASE_TRAIN, PHASE_EVALUATE_SUM})
-    whole_table = True
 
     def __init__(self, rounds):
         super().__init__(rounds)
