@@ -100,6 +100,11 @@ class DataConfig:
     # schedule without reading the test set (FedGNN and the centralized reference; rating datasets only)
     holdout: str = "test"
     validation_fraction: float = ranged(0.1, Range(0, 1, open_low=True, open_high=True, text="0 < fraction < 1"))
+    # a sparse or cold variant of a rating dataset (fedrec_flwr.data.sparse): the training ratings a user keeps on
+    # average (0: all of them), and the share of the users with test ratings that keep none (cold users); the test
+    # ratings stay, so every variant is scored on the same ratings
+    train_per_user: float = ranged(0.0, _NON_NEGATIVE)
+    cold_fraction: float = ranged(0.0, Range(0, 1, open_high=True, text="0 <= fraction < 1"))
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..fsutil import writable_folder, writing_into
 from .download import sha256_of
 from .holdout import validation_split
+from .sparse import sparse_variant
 from .node_files import load_catalogue
 from .partition import UserData, UserPartitions, discard, fingerprint, write_partitions
 from .sources import AnyDataset, dataset_names, get_spec, load_dataset, resolve_root
@@ -33,11 +34,17 @@ __all__ = [
 
 
 def load_from_config(data_cfg) -> AnyDataset:
-    """Load the dataset a DataConfig names, with its validation holdout when `data.holdout=validation`."""
+    """Load the dataset a DataConfig names: its sparse variant when `data.train_per_user` or `data.cold_fraction`
+    asks for one, then its validation holdout when `data.holdout=validation`."""
     ds = load_dataset(
         data_cfg.name, data_cfg.data_dir, data_cfg.cache_dir, data_cfg.download, data_cfg.seed,
         asdict(data_cfg.synthetic), data_cfg.item_features,
     )
+    if data_cfg.train_per_user or data_cfg.cold_fraction:
+        if not isinstance(ds, RatingDataset):
+            raise DataError(f"data.train_per_user / data.cold_fraction: dataset '{data_cfg.name}' is multi-domain; a "
+                            "sparse variant is made of explicit ratings (FedGNN, centralized)")
+        ds = sparse_variant(ds, data_cfg.train_per_user, data_cfg.cold_fraction, data_cfg.seed)
     if data_cfg.holdout == "test":
         return ds
     if not isinstance(ds, RatingDataset):
@@ -59,6 +66,8 @@ def _build_key(data_cfg) -> dict:
     features = {"item_features": True} if data_cfg.item_features else {}
     if data_cfg.holdout != "test":  # likewise: a test-holdout cache keeps its key
         features.update(holdout=data_cfg.holdout, validation_fraction=data_cfg.validation_fraction)
+    if data_cfg.train_per_user or data_cfg.cold_fraction:  # and a full dataset's cache keeps its key
+        features.update(train_per_user=data_cfg.train_per_user, cold_fraction=data_cfg.cold_fraction)
     if data_cfg.name.startswith("synthetic"):
         return {"name": data_cfg.name, "seed": data_cfg.seed, "synthetic": asdict(data_cfg.synthetic), **features}
     spec = get_spec(data_cfg.name)

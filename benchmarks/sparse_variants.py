@@ -1,0 +1,83 @@
+"""Baselines on sparse and cold variants of the rating datasets (`data.train_per_user`, `data.cold_fraction`).
+
+    python -m benchmarks.sparse_variants --data-dir ../shared/data
+    python -m benchmarks.sparse_variants --data-dir ../shared/data --datasets ml-100k --targets 9 3.5 --cold 0.1
+
+For each dataset and each target (training ratings a user keeps on average; 0: the full split), the same test
+ratings are scored by the trivial baselines and the bias model, on all of them and split by user: cold users (no
+training rating), light users (1-5) and the rest. This is the floor a federated model must reach on the variant
+(issue: sparse and cold users). Writes benchmarks/results/sparse_variants.json (a fresh dated file when it exists,
+unless --resume) and prints one Markdown row per cell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import add_data_dir
+from fedrec_flwr.cli.sweep import results_file
+from fedrec_flwr.config import load_config
+from fedrec_flwr.data import load_from_config
+from fedrec_flwr.reference.baselines import baseline_rmses
+
+
+def groups(ds) -> dict[str, np.ndarray]:
+    """The users of each group: all, cold (no training rating), light (1-5) and the rest (6 or more)."""
+    per_user = np.bincount(ds.train.users, minlength=ds.num_users)
+    users = np.arange(ds.num_users)
+    return {"all": users, "cold": users[per_user == 0], "light": users[(per_user > 0) & (per_user <= 5)],
+            "rest": users[per_user > 5]}
+
+
+def cell(name: str, data_dir: str, target: float, cold: float) -> dict:
+    """One dataset variant's facts and its baselines per user group."""
+    cfg = load_config("fedgnn_tuned", name, [f"data.data_dir={data_dir}", f"data.train_per_user={target}",
+                                             f"data.cold_fraction={cold if target else 0}"])
+    ds = load_from_config(cfg.data)
+    out = {"dataset": name, "train_per_user": target, "cold_fraction": cold if target else 0.0,
+           "users": ds.num_users, "train": len(ds.train), "test": len(ds.test), "groups": {}}
+    for group, users in groups(ds).items():
+        n = int(np.isin(ds.test.users, users).sum())
+        out["groups"][group] = {"users": int(users.size), "test_ratings": n,
+                                **(baseline_rmses(ds, users) if n else {})}
+    return out
+
+
+def main() -> None:
+    """Every (dataset, target) cell; resumable."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_data_dir(ap)
+    ap.add_argument("--datasets", nargs="+", default=["ml-100k", "douban"])
+    ap.add_argument("--targets", nargs="+", type=float, default=[0.0, 9.0, 3.5])
+    ap.add_argument("--cold", type=float, default=0.1, help="data.cold_fraction of the sparse variants")
+    ap.add_argument("--out", default="benchmarks/results/sparse_variants.json")
+    ap.add_argument("--resume", action="store_true")
+    args = ap.parse_args()
+    path = results_file(Path(args.out), args.resume)
+    doc = json.loads(path.read_text()) if path.exists() else {
+        "command": "python -m benchmarks.sparse_variants", "machine": platform.processor() or platform.machine(),
+        "date": date.today().isoformat(), "cells": []}
+    done = {(c["dataset"], c["train_per_user"]) for c in doc["cells"]}
+    print("| dataset | per user | group | users | test ratings | global mean | user mean | item mean | bias |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in args.datasets:
+        for target in args.targets:
+            if (name, target) not in done:
+                doc["cells"].append(cell(name, args.data_dir, target, args.cold))
+                path.write_text(json.dumps(doc, indent=1) + "\n")
+            c = next(c for c in doc["cells"] if (c["dataset"], c["train_per_user"]) == (name, target))
+            for group, g in c["groups"].items():
+                if g["test_ratings"]:
+                    print(f"| {name} | {target or 'full'} | {group} | {g['users']} | {g['test_ratings']} | "
+                          f"{g['global_mean']:.4f} | {g['user_mean']:.4f} | {g['item_mean']:.4f} | {g['bias']:.4f} |")
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()
