@@ -10,10 +10,10 @@ from pathlib import Path
 from ..fsutil import writable_folder, writing_into
 from .download import sha256_of
 from .holdout import validation_split
-from .sparse import sparse_variant
 from .node_files import load_catalogue
 from .partition import UserData, UserPartitions, discard, fingerprint, write_partitions
 from .sources import AnyDataset, dataset_names, get_spec, load_dataset, resolve_root
+from .sparse import sparse_variant
 from .synthetic import synthetic_scale
 from .types import (
     DataError,
