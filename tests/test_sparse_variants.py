@@ -21,7 +21,8 @@ def test_a_sparse_variant_keeps_the_target_per_user_and_the_cold_users_keep_none
     sparse = load_from_config(_data(tmp_path, "data.train_per_user=3.5", "data.cold_fraction=0.1"))
     again = load_from_config(_data(tmp_path, "data.train_per_user=3.5", "data.cold_fraction=0.1"))
     for a, b in ((full.test, sparse.test), (sparse.train, again.train)):  # same test ratings; seeded
-        assert np.array_equal(a.users, b.users) and np.array_equal(a.items, b.items) and np.array_equal(a.values, b.values)
+        assert np.array_equal(a.users, b.users) and np.array_equal(a.items, b.items)
+        assert np.array_equal(a.values, b.values)
     assert len(sparse.train) / full.num_users == pytest.approx(3.5, abs=0.35)
     per_user = np.bincount(sparse.train.users, minlength=full.num_users)
     with_test = np.unique(full.test.users)
