@@ -2,10 +2,14 @@
 
     python -m benchmarks.sparse_variants --data-dir ../shared/data
     python -m benchmarks.sparse_variants --data-dir ../shared/data --datasets ml-100k --targets 9 3.5 --cold 0.1
+    python -m benchmarks.sparse_variants --data-dir ../shared/data --datasets douban --targets 3.5 \
+        --model fedgnn_tuned --out benchmarks/results/sparse_variants_fedgnn_tuned.json
 
 For each dataset and each target (training ratings a user keeps on average; 0: the full split), the same test
 ratings are scored by the trivial baselines and the bias model, on all of them and split by user: cold users (no
-training rating), light users (1-5) and the rest. This is the floor a federated model must reach on the variant
+training rating), light users (1-5) and the rest. With --model PRESET the preset's federated model is also trained
+in-process on the variant, at its own settings, and scored exactly on the same ratings per group
+(`run_in_process(by_group=True)`). The baselines are the floor a federated model must reach on the variant
 (issue: sparse and cold users). Writes benchmarks/results/sparse_variants.json (a fresh dated file when it exists,
 unless --resume) and prints one Markdown row per cell.
 """
@@ -21,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import add_data_dir
+from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.cli.sweep import results_file
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import load_from_config
@@ -35,10 +40,10 @@ def groups(ds) -> dict[str, np.ndarray]:
             "rest": users[per_user > 5]}
 
 
-def cell(name: str, data_dir: str, target: float, cold: float) -> dict:
-    """One dataset variant's facts and its baselines per user group."""
-    cfg = load_config("fedgnn_tuned", name, [f"data.data_dir={data_dir}", f"data.train_per_user={target}",
-                                             f"data.cold_fraction={cold if target else 0}"])
+def cell(name: str, data_dir: str, target: float, cold: float, model: str | None, seed: int) -> dict:
+    """One dataset variant's facts and its baselines per user group (and the model's, with `model`)."""
+    cfg = load_config(model or "fedgnn_tuned", name, [f"data.data_dir={data_dir}", f"data.train_per_user={target}",
+                                                      f"data.cold_fraction={cold if target else 0}", f"seed={seed}"])
     ds = load_from_config(cfg.data)
     out = {"dataset": name, "train_per_user": target, "cold_fraction": cold if target else 0.0,
            "users": ds.num_users, "train": len(ds.train), "test": len(ds.test), "groups": {}}
@@ -46,6 +51,12 @@ def cell(name: str, data_dir: str, target: float, cold: float) -> dict:
         n = int(np.isin(ds.test.users, users).sum())
         out["groups"][group] = {"users": int(users.size), "test_ratings": n,
                                 **(baseline_rmses(ds, users) if n else {})}
+    if model:
+        run = run_in_process(cfg, log_every=50, by_group=True)
+        out.update(model=model, seed=seed, rounds=cfg.federation.rounds, wall_seconds=run["wall_seconds"])
+        for group, g in run["by_user_group"].items():
+            out["groups"][group]["model"] = g["rmse"]
+            assert g["test_ratings"] == out["groups"][group]["test_ratings"], (group, g)  # the same ratings
     return out
 
 
@@ -56,6 +67,8 @@ def main() -> None:
     ap.add_argument("--datasets", nargs="+", default=["ml-100k", "douban"])
     ap.add_argument("--targets", nargs="+", type=float, default=[0.0, 9.0, 3.5])
     ap.add_argument("--cold", type=float, default=0.1, help="data.cold_fraction of the sparse variants")
+    ap.add_argument("--model", default=None, help="also train this preset in-process on each variant")
+    ap.add_argument("--seed", type=int, default=0, help="the run seed of the model (with --model)")
     ap.add_argument("--out", default="benchmarks/results/sparse_variants.json")
     ap.add_argument("--resume", action="store_true")
     args = ap.parse_args()
@@ -64,18 +77,20 @@ def main() -> None:
         "command": "python -m benchmarks.sparse_variants", "machine": platform.processor() or platform.machine(),
         "date": date.today().isoformat(), "cells": []}
     done = {(c["dataset"], c["train_per_user"]) for c in doc["cells"]}
-    print("| dataset | per user | group | users | test ratings | global mean | user mean | item mean | bias |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| dataset | per user | group | users | test ratings | global mean | user mean | item mean | bias | model |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.datasets:
         for target in args.targets:
             if (name, target) not in done:
-                doc["cells"].append(cell(name, args.data_dir, target, args.cold))
+                doc["cells"].append(cell(name, args.data_dir, target, args.cold, args.model, args.seed))
                 path.write_text(json.dumps(doc, indent=1) + "\n")
             c = next(c for c in doc["cells"] if (c["dataset"], c["train_per_user"]) == (name, target))
             for group, g in c["groups"].items():
                 if g["test_ratings"]:
+                    model = f"{g['model']:.4f}" if g.get("model") is not None else "-"
                     print(f"| {name} | {target or 'full'} | {group} | {g['users']} | {g['test_ratings']} | "
-                          f"{g['global_mean']:.4f} | {g['user_mean']:.4f} | {g['item_mean']:.4f} | {g['bias']:.4f} |")
+                          f"{g['global_mean']:.4f} | {g['user_mean']:.4f} | {g['item_mean']:.4f} | {g['bias']:.4f} | "
+                          f"{model} |")
     print(f"written: {path}")
 
 

@@ -46,3 +46,16 @@ def test_every_test_rating_of_a_sparse_variant_is_scored_cold_users_included(tin
                    "federation.eval_every=2")
     out = run_in_process(cfg, log_every=0)
     assert out["eval_ratings"] == out["test_ratings"] > 0
+
+
+def test_the_error_by_user_group_adds_up_to_the_run_s_and_names_the_cold_users(tiny_cfg):
+    cfg = tiny_cfg("data.train_per_user=3.5", "data.cold_fraction=0.2", "federation.rounds=2",
+                   "federation.eval_every=2")
+    out = run_in_process(cfg, log_every=0, by_group=True)
+    groups = out["by_user_group"]
+    assert groups["all"]["rmse"] == pytest.approx(out["rmse"], rel=1e-9)
+    assert sum(groups[g]["test_ratings"] for g in ("cold", "light", "rest")) == groups["all"]["test_ratings"]
+    assert groups["cold"]["users"] >= round(0.2 * 60 * 0.5) and groups["cold"]["test_ratings"] > 0
+    squared = sum(groups[g]["rmse"] ** 2 * groups[g]["test_ratings"] for g in ("cold", "light", "rest")
+                  if groups[g]["test_ratings"])
+    assert squared / groups["all"]["test_ratings"] == pytest.approx(out["rmse"] ** 2, rel=1e-9)

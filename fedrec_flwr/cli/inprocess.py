@@ -74,7 +74,7 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5,
                    server_device: torch.device | None = None,
                probe: Callable[[FedGNNServer, Callable[..., float], Callable[[int], FedGNNUser]], dict] | None = None,
                tamper: Callable[[int, int, list[np.ndarray]], list[np.ndarray]] | None = None,
-               record: bool = False) -> dict:
+               record: bool = False, by_group: bool = False) -> dict:
     """Run cfg.federation.rounds FedGNN rounds in-process through the round core; returns metrics and timings.
 
     Every user sits on one node of its own (sampling is by user id, so the numbers are those of any
@@ -87,6 +87,8 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5,
     result has `resumed`: the logical round it continued after and the seconds its rounds had taken.
     `record`: write results.json and rounds.csv to `cfg.output_dir` with the baselines on the scored ratings, as a
     `flwr run` does (`fedrec run --in-process`), so `fedrec summary` and `fedrec plot` read it alike.
+    `by_group`: the result also has `by_user_group`, the final model's exact error on the test ratings of each user
+    group (`user_group_errors`: cold, light and the rest), where sparse variants lose their accuracy.
     """
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
@@ -99,7 +101,7 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5,
         def baselines_of(scored: list[int]) -> tuple[dict[str, float], int]:
             return baselines_on_users(ratings, scored)
     try:
-        out = _run(cfg, parts, recorder, baselines_of, device, log_every, server_device, probe, tamper)
+        out = _run(cfg, parts, recorder, baselines_of, device, log_every, server_device, probe, tamper, by_group)
     except Exception as exc:
         if recorder is not None and not recorder.finished:
             recorder.fail(f"{type(exc).__name__}: {exc}")
@@ -108,7 +110,7 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5,
 
 
 def _run(cfg, parts: UserPartitions, recorder: RunRecorder | None, baselines_of, device, log_every: int,
-         server_device, probe, tamper) -> dict:
+         server_device, probe, tamper, by_group: bool = False) -> dict:
     """`run_in_process`'s body, with its recorder (None: nothing written)."""
     meta = parts.meta
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
@@ -163,7 +165,9 @@ def _run(cfg, parts: UserPartitions, recorder: RunRecorder | None, baselines_of,
         raise RunFailed(why)
     rounds.finish()  # with a recorder: results.json's final metrics and baselines, and the FINAL line
     train_secs = [h["round_seconds"] for h in history if "phase" not in h]
-    return {"rmse": history[-1].get("rmse"), "median_round_seconds": float(np.median(train_secs)),
+    groups = user_group_errors(server, users, user, parts, meta.dataset_scale.unit_factor) if by_group else None
+    return {"by_user_group": groups, "rmse": history[-1].get("rmse"),
+            "median_round_seconds": float(np.median(train_secs)),
             "clients_per_second": cfg.federation.clients_per_round / float(np.median(train_secs)),
             "wall_seconds": wall, "uploads_per_user": rounds.upload_counts(),
             "rejected": sum(h.get("rejected", 0) for h in history), "rounds_not_applied": rounds.rounds_not_applied,
@@ -175,6 +179,34 @@ def _run(cfg, parts: UserPartitions, recorder: RunRecorder | None, baselines_of,
 
 def _as_tensor(blob: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+
+
+LIGHT_USER_RATINGS = 5  # a light user has 1 .. this many training ratings; a cold user none
+
+
+def user_groups(parts: UserPartitions, users: list[int]) -> dict[str, list[int]]:
+    """`users` by how many training ratings they hold: cold (none), light (1-5) and the rest."""
+    counts = {u: parts.user(u).train_items.size for u in users}
+    return {"cold": [u for u in users if counts[u] == 0],
+            "light": [u for u in users if 0 < counts[u] <= LIGHT_USER_RATINGS],
+            "rest": [u for u in users if counts[u] > LIGHT_USER_RATINGS]}
+
+
+def user_group_errors(server: FedGNNServer, users: list[int], user: Callable[[int], FedGNNUser],
+                      parts: UserPartitions, unit_factor: float) -> dict[str, dict]:
+    """The final model's RMSE on every test rating of each user group (`user_groups`), exact (a simulation's: no
+    party of a deployment holds it), on the dataset's own scale; `users`, `test_ratings` and `rmse` per group."""
+    weights, table = server.model_weights(), server.table()
+    whole = server.device_mechanism.whole_table
+    out = {}
+    for name, members in {"all": users, **user_groups(parts, users)}.items():
+        sse, n = 0.0, 0
+        for u in members:
+            s, _, k = user(u).evaluate(weights, table if whole else table[server.anonymity_sets[u]])
+            sse, n = sse + s, n + k
+        out[name] = {"users": len(members), "test_ratings": n,
+                     "rmse": float(np.sqrt(sse / n)) * unit_factor if n else None}
+    return out
 
 
 def checkpointed_history(path: Path, state: dict, total: int) -> tuple[list[dict], float]:
