@@ -26,7 +26,6 @@ from fedrec_flwr.data import UserPartitions, prepare_partitions
 from fedrec_flwr.fedgnn.accounting import sample_rate
 from fedrec_flwr.fedgnn.bindings import NodeBindings
 from fedrec_flwr.fedgnn.checkpoint import Checkpointer, CheckpointError, checkpoint_folder, load_resumable
-from fedrec_flwr.fedgnn.device_policy import charged_multiplier
 from fedrec_flwr.fedgnn.expansion import open_expansion_link
 from fedrec_flwr.fedgnn.local_step import train_users
 from fedrec_flwr.fedgnn.protocol import (
@@ -275,7 +274,7 @@ def evaluate_secure_sum(cfg, rounds: FedGNNRounds, server: FedGNNServer, users: 
     exact RMSE of every test rating, which only a simulation can compute (no party of a deployment ever holds it)."""
     weights, table = server.model_weights(), server.table()
     everyone = [u for us in rounds.plan_evaluate_sum(set(users)).values() for u in us]
-    std = charged_multiplier(rounds.mechanism.ledger.eval_sigma, len(everyone), rounds.mechanism.secure_floor)
+    std = rounds.mechanism.charged_multiplier(len(everyone), evaluation=True)
     vector = node_evaluation([user(u) for u in everyone], weights, table, logical, cfg.privacy.eval_max_ratings, std)
     released = rounds.evaluate_sum(logical, vector, len(everyone), [], started, 0.0, 0.0) or {}
     sse, n = 0.0, 0

@@ -11,7 +11,7 @@ the users (its devices re-attach), and the next continues after the checkpoint's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fedrec_flwr.config import ExpansionConfig, FederationConfig
 from fedrec_flwr.fedgnn.accounting import evaluation_points
@@ -74,8 +74,6 @@ class Lifecycle:
                 first_round: int, evaluates_in_own_rounds: bool, checkpoint_every: int) -> Lifecycle:
         """The lifecycle of a run of `training_rounds` training rounds (what its privacy budget allows of
         federation.rounds), with the privacy mode's first round and way of evaluating."""
-        from dataclasses import replace
-
         schedule = round_schedule(replace(federation, rounds=training_rounds), expansion, num_users,
                                   secure_evaluation=evaluates_in_own_rounds)
         return cls(tuple(schedule), first_round, federation.eval_every, evaluates_in_own_rounds, checkpoint_every,

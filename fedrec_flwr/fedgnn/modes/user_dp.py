@@ -139,9 +139,11 @@ class Server(ServerMechanism):
         """The whole table, the same for every node: it tells nothing about its users."""
         return frame_table_download(weights, self.rounds.server.table() if table is None else table, users)
 
-    def charged_multiplier(self, nodes: int) -> float:
-        """The noise multiplier a sum of `nodes` node shares carries: sigma sqrt(k / K) (the noise floor)."""
-        return charged_multiplier(self.ledger.sigma, nodes, self.secure_floor)
+    def charged_multiplier(self, nodes: int, evaluation: bool = False) -> float:
+        """The noise multiplier a training (or `evaluation`) sum of `nodes` node shares carries: sigma sqrt(k / K),
+        K the noise floor."""
+        sigma = self.ledger.eval_sigma if evaluation else self.ledger.sigma
+        return charged_multiplier(sigma, nodes, self.secure_floor)
 
     def expected_users(self) -> float:
         """q N: how many users a round samples on average, the fixed divisor of its sum."""
@@ -200,7 +202,7 @@ class Server(ServerMechanism):
             r.reject(logical_round, f"client failure: {why}")
         metrics = None
         if summed is not None and nodes:
-            sigma = charged_multiplier(self.ledger.eval_sigma, nodes, self.secure_floor)
+            sigma = self.charged_multiplier(nodes, evaluation=True)
             self.ledger.record_evaluation(sigma)  # released, so spent, whether or not it passes the check
             try:
                 rmse, mae, weighted = evaluation_metrics(summed, r.rating_span, r.privacy.eval_max_ratings,
