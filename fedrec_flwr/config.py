@@ -125,6 +125,11 @@ class ModelConfig:
     # model's starting global bias (the scale midpoint), so its first predictions are its own mean.
     # Computed on the device from its own ratings and never sent: no privacy cost
     user_offset_init: str = "zero"
+    # shrinkage of that offset towards the model's population prediction, in pseudo-ratings k: the local loss adds
+    # k / n * offset^2 (n the user's training ratings), so the offset settles at sum(residuals) / (n + k), the bias
+    # model's regularised user bias. A user with 3 ratings keeps 3 / (3 + k) of its mean residual, one with 300
+    # nearly all: the few ratings of a light user no longer set its whole prediction. 0: no shrinkage
+    user_offset_reg: float = ranged(0.0, _NON_NEGATIVE)
     # a free scalar b_i per item, carried as one extra last column of the item's row (rows of width
     # dim + 1, `models.row_width`) and added to its predictions: uploaded, clipped, noised, imitated by
     # pseudo rows and merged with the rest of the row (the privacy accounting counts the extra coordinate)
@@ -684,6 +689,9 @@ def _validate(cfg: AppConfig) -> None:
         raise ConfigError(f"config key 'expansion.refresh_every' = {cfg.expansion.refresh_every} re-expands fixed "
                           f"neighbours; expansion.mode = {cfg.expansion.mode!r} (trainable refreshes every round a "
                           "user trains); set expansion.mode = fixed or refresh_every = 0")
+    if cfg.model.user_offset_reg > 0 and not cfg.model.user_offset:
+        raise ConfigError(f"config key 'model.user_offset_reg' = {cfg.model.user_offset_reg} needs "
+                          "model.user_offset = true (there is no private offset to shrink otherwise)")
     if cfg.model.user_offset_init != "zero" and not cfg.model.user_offset:
         raise ConfigError(f"config key 'model.user_offset_init' = {cfg.model.user_offset_init!r} needs "
                           "model.user_offset = true (there is no private offset to start otherwise)")

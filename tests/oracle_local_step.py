@@ -62,11 +62,12 @@ def pyg_local_step(
     grad_sum = [torch.zeros_like(p) for p in params]
     row_grad = torch.zeros_like(items_x)
     losses = []
+    shrink = cfg.model.user_offset_reg / data.train_items.size  # the offset's penalty k / n * offset^2
     for _ in range(cfg.local.steps):
         pick = torch.from_numpy(rng.permutation(data.train_items.size)[: cfg.local.batch_size]).to(device)
         pred, _ = model(batch, user_x, model.item_input(items_x, features), None, neigh_x)
         loss = torch.mean((pred[pick] + offset - targets[pick]) ** 2)
-        grads = torch.autograd.grad(loss, [*params, items_x, user_x, *([offset] if private else [])])
+        grads = torch.autograd.grad(loss + shrink * offset ** 2, [*params, items_x, user_x, *([offset] if private else [])])
         if private:
             *grads, g_offset = grads
         # uploads carry the gradient of the summed loss when local.loss = "sum": per-row
@@ -89,7 +90,7 @@ def pyg_local_step(
         losses.append(loss.item())
     for _ in range(cfg.local.user_steps - 1):  # extra private steps: personalisation costs no privacy
         pred, _ = model(batch, user_x, model.item_input(items_x, features).detach(), None, neigh_x)
-        g_user, *g_off = torch.autograd.grad(torch.mean((pred + offset - targets) ** 2),
+        g_user, *g_off = torch.autograd.grad(torch.mean((pred + offset - targets) ** 2) + shrink * offset ** 2,
                                              [user_x, *([offset] if private else [])])
         with torch.no_grad():
             user_x -= cfg.local.user_lr * g_user
@@ -135,6 +136,10 @@ def pyg_evaluate(model: RatingGNN, state: UserState, data: UserData, item_rows: 
     with torch.no_grad():
         train_x = model.item_input(rows(data.train_items), _features_of(data, data.train_items, torch.device("cpu")))
         query_x = model.item_input(rows(data.test_items), _features_of(data, data.test_items, torch.device("cpu")))
+        if data.train_items.size == 0 and state.neighbours.shape[0] == 0:  # cold and alone: the population part
+            x, b = (query_x[:, :-1], query_x[:, -1]) if model.item_bias else (query_x, 0.0)
+            pred = model.bias + b + (x @ model.item_bias_map if model.item_bias_map is not None else 0.0)
+            return squared_error_sum(pred.numpy() + np.float32(state.offset), data.test_values, low, high)
         _, pred = model(batch, torch.from_numpy(state.embedding[None, :]), train_x, query_x,
                         torch.from_numpy(state.neighbours))
     return squared_error_sum(pred.numpy() + np.float32(state.offset), data.test_values, low, high)

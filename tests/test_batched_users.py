@@ -20,7 +20,8 @@ DELTA = ["local.upload=delta", "local.steps=3", "local.batch_size=7", "local.los
          "model.user_offset=true", "data.item_features=true", "model.biases=false", "model.heads=2"]
 # item rows of width d + 1 (the last column b_i), private offsets from each user's own mean, with features and biases
 ITEM_BIAS = ["model.item_bias=true", "model.user_offset=true", "model.user_offset_init=mean", "data.item_features=true",
-             "model.biases=true", "local.user_steps=2", "local.steps=2", "local.batch_size=9"]
+             "model.biases=true", "local.user_steps=2", "local.steps=2", "local.batch_size=9",
+             "model.user_offset_reg=5"]  # and the offset shrunk as the bias model shrinks a user's bias
 
 
 # The batched path (dense padded stars) and the PyG oracle (PyG's scatter) sum the same terms in different
@@ -64,15 +65,18 @@ def _uploads(tmp_path, gnn: str, extra: list[str], batch: int | None):
 def test_evaluation_scores_what_the_pyg_forward_predicts(tmp_path, gnn, extra):
     """A device scores its test ratings through the dense star (no PyG import on the device); PyG's message passing
     on the same star graph gives the same error sums, with neighbours, item biases and features, and for a user
-    whose ratings are all test ratings (cold: its star is its own node and its query items)."""
+    whose ratings are all test ratings (cold: its star is its own node and its query items, or, without neighbours,
+    the population part alone)."""
     users, weights, rows, _ = _users(tmp_path, gnn, extra)
     low, high = users[0].meta.scale.low, users[0].meta.scale.high
     model = users[0].model
     set_weights(model, [w + np.random.default_rng(i).standard_normal(w.shape).astype(np.float32) * 0.1
                         for i, w in enumerate(weights)])  # away from the initial zeros (biases, feature map)
-    cold = dataclasses.replace(users[1].data, train_items=users[1].data.train_items[:0],
-                               train_values=users[1].data.train_values[:0])
-    cases = [(u.state, u.data, r) for u, r in zip(users, rows)] + [(users[1].state, cold, rows[1])]
+    def cold(u):
+        return dataclasses.replace(u.data, train_items=u.data.train_items[:0], train_values=u.data.train_values[:0])
+    # cold with one neighbour (user 1), and cold and alone (user 0: the population part alone)
+    cases = [(u.state, u.data, r) for u, r in zip(users, rows)] + [(users[k].state, cold(users[k]), rows[k])
+                                                                    for k in (0, 1)]
     scored = 0
     for state, data, r in cases:
         got, want = evaluate_user(model, state, data, r, low, high), pyg_evaluate(model, state, data, r, low, high)

@@ -123,13 +123,14 @@ class StepRule(NamedTuple):
     sum_loss: bool  # local.loss = "sum": the uploaded step is the gradient times the pick's size
     delta: bool  # local.upload = "delta": local copies train, and the upload is their whole change over lr
     private_offset: bool  # model.user_offset: the offset trains with the embedding
+    offset_reg: float  # model.user_offset_reg: k, the offset's shrinkage in pseudo-ratings
 
     @classmethod
     def of(cls, cfg: DeviceSections) -> StepRule:
         """The rule of a device's `local`, `privacy` and `model` sections."""
         local = cfg.local
         return cls(local.steps, local.batch_size, local.user_steps, local.user_lr, local.lr, cfg.privacy.clip_delta,
-                   local.loss == "sum", local.upload == "delta", cfg.model.user_offset)
+                   local.loss == "sum", local.upload == "delta", cfg.model.user_offset, cfg.model.user_offset_reg)
 
     def uploaded(self, grads: StepGrads, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
         """(model part, row part) of the step that enters the upload: the gradient, times each user's pick size
@@ -245,6 +246,8 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
     model_sum = [torch.zeros_like(p) for p in x.leaves]
     row_sum = torch.zeros_like(x.items)
     loss_sum = torch.zeros(len(states), dtype=torch.float64, device=device)
+    # the offset's shrinkage: k / n * offset^2 beside each user's mean loss (its gradient, added to the loss's)
+    shrink = torch.from_numpy(2 * rule.offset_reg / x.sizes).to(device=device, dtype=x.offset.dtype)
     for _ in range(rule.steps):
         per_user = (x.minibatch_weights(rngs, rule.batch_size) * x.squared_errors()).sum(1)
         grads = x.gradients(per_user.sum())
@@ -255,7 +258,7 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
         with torch.no_grad():  # the private embedding (and offset) always follow the mean loss
             x.user -= rule.user_lr * grads.user
             if grads.offset is not None:
-                x.offset -= rule.user_lr * grads.offset
+                x.offset -= rule.user_lr * (grads.offset + shrink * x.offset)
             if rule.delta:  # train the local copies: the next step starts where this one ends
                 for p, g in zip(x.leaves, model_step):
                     p -= rule.lr * g
@@ -267,7 +270,7 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
         with torch.no_grad():
             x.user -= rule.user_lr * user_grad
             if offset_grad is not None:
-                x.offset -= rule.user_lr * offset_grad
+                x.offset -= rule.user_lr * (offset_grad + shrink * x.offset)
     steps = 1 if rule.delta else rule.steps  # delta: the whole local change over lr; gradient: the mean
     with torch.no_grad():
         model_grads = model_sum if steps == 1 else [g / steps for g in model_sum]

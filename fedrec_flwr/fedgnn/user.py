@@ -22,7 +22,7 @@ from fedrec_flwr.data.partition import PartitionMeta
 from fedrec_flwr.fedgnn.protocol import ExpansionLink, RoundConfig
 from fedrec_flwr.fedgnn.state import HANDLE_BYTES, UserState
 from fedrec_flwr.metrics import ErrorSums, squared_error_sum
-from fedrec_flwr.models.dense_star import DenseStars, dense_predict
+from fedrec_flwr.models.dense_star import DenseStars, dense_predict, population_predict
 from fedrec_flwr.models.rating_gnn import RatingGNN, build_model, row_width
 from fedrec_flwr.neighbours import NeighbourClient, item_tokens
 from fedrec_flwr.privacy import (
@@ -168,12 +168,16 @@ def initial_offset(model: ModelConfig, meta: PartitionMeta, data: UserData) -> f
     minus the model's starting global bias (the scale's midpoint, in the reference units the device reads),
     so that a model whose dot products are still ~0 first predicts the user's own mean.
 
+    With model.user_offset_reg = k the start is shrunk as the trained offset is, by n / (n + k) for a user with n
+    training ratings, so a light user's first predictions do not rest on its few ratings alone.
     Computed on the device from the user's own ratings and never sent anywhere: it costs no privacy.
     A user without training ratings starts at 0.
     """
-    if model.user_offset_init != "mean" or data.train_values.size == 0:
+    n = data.train_values.size
+    if model.user_offset_init != "mean" or n == 0:
         return 0.0
-    return float(np.mean(data.train_values, dtype=np.float64) - meta.scale.midpoint)
+    return float(n / (n + model.user_offset_reg) * (np.mean(data.train_values, dtype=np.float64)
+                                                      - meta.scale.midpoint))
 
 
 def ready(model: RatingGNN, device: torch.device, training: bool) -> RatingGNN:
@@ -232,9 +236,9 @@ def evaluate_user(
 ) -> ErrorSums:
     """(SSE, SAE, n) of the user's clipped predictions on its own test ratings (item rows of `row_width`).
 
-    Every test rating is scored. A user without training ratings (cold) predicts from what it has: its star
-    is its own node alone (plus any neighbours), so its representation is its embedding as initialised,
-    with its private offset, the global bias and the rows of the items it is asked about.
+    Every test rating is scored. A user without training ratings (cold) and without neighbours has nothing but its
+    embedding as drawn, so it predicts the population part alone (`population_predict`: the global bias and the
+    items' own biases), plus its private offset.
     """
     if data.test_items.size == 0:
         return ErrorSums(0.0, 0.0, 0)
@@ -245,6 +249,12 @@ def evaluate_user(
 
     train_x, query_x = rows(data.train_items).to(device), rows(data.test_items).to(device)
     t = data.train_items.size
+    if t == 0 and state.neighbours.shape[0] == 0:  # cold: no rating and no neighbour to read a taste from
+        with torch.no_grad():
+            query_x = model.item_input(query_x, _features_of(data, data.test_items, device))
+            pred = population_predict(model, *model.split_rows(query_x))
+        return squared_error_sum(pred.cpu().numpy() + np.float32(state.offset), data.test_values, low, high,
+                                 error_clip)
     with torch.no_grad():
         train_x = model.item_input(train_x, _features_of(data, data.train_items, device))
         query_x = model.item_input(query_x, _features_of(data, data.test_items, device))

@@ -153,3 +153,18 @@ def dense_predict(model: RatingGNN, params: dict[str, torch.Tensor], raw: DenseS
     if item_bias is not None:
         pred = pred + item_bias
     return pred
+
+
+def population_predict(model: RatingGNN, items: torch.Tensor, item_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What the model predicts for items [T, dim] when nothing is known of the user: the global bias plus the items'
+    own bias terms (w.x_i with model.biases, b_i with model.item_bias), without the dot product and the user's bias.
+
+    A cold user (no training rating) has only its embedding as drawn; its dot products with the item
+    representations are noise of the draw's scale, which no training ever corrected. The population part is what
+    the federation learned for every user, so a cold user scores at least as a model's global mean would."""
+    pred = model.bias.detach().expand(items.shape[0]).clone()
+    if model.item_bias_map is not None:
+        pred = pred + items @ model.item_bias_map.detach()
+    if item_bias is not None:
+        pred = pred + item_bias
+    return pred
