@@ -39,6 +39,53 @@ def test_plot_writes_one_png_per_metric(tmp_path):
     assert all(p.stat().st_size > 1000 and p.read_bytes()[:4] == b"\x89PNG" for p in files)
 
 
+def _charted(monkeypatch):
+    """Every chart plot_runs draws, as {y label: legend labels}, through the real `draw_chart`."""
+    from fedrec_flwr.reporting import plot
+
+    drawn, draw = {}, plot.draw_chart
+
+    def spy(metric, series, references):
+        fig = draw(metric, series, references)
+        drawn[metric] = fig.axes[0].get_legend_handles_labels()[1]
+        return fig
+    monkeypatch.setattr(plot, "draw_chart", spy)
+    return drawn
+
+
+def test_plot_draws_the_recorded_baselines_once_per_split(tmp_path, monkeypatch, capsys):
+    from fedrec_flwr.reporting.plot import baseline_lines
+
+    split = {"global_mean": 1.12, "user_mean": 1.03, "item_mean": 1.02, "bias": 0.95}
+    runs = []
+    for name, baselines in (("s0", split), ("s1", split), ("other", {**split, "bias": 0.9})):
+        rec = RunRecorder(tmp_path / name, "fedgnn", "synthetic", {})
+        rec.add_round({"round": 2, "rmse": 1.0})
+        rec.finish({"rmse": 1.0}, {"baselines": baselines, "baseline_ratings": 10})
+        runs.append(str(tmp_path / name))
+    drawn = _charted(monkeypatch)
+    plot_runs(runs[:2], str(tmp_path / "plots"))
+    assert drawn["rmse"][2:] == ["global mean 1.1200", "user mean 1.0300", "item mean 1.0200", "bias model 0.9500"]
+    assert drawn["rmse"][:2] == ["fedgnn/synthetic (s0)", "fedgnn/synthetic (s1)"]  # one set for the shared split
+    assert capsys.readouterr().err == ""
+    lines, bare = baseline_lines([(p, json.loads((Path(p) / "results.json").read_text())) for p in runs])
+    assert len(lines) == 8 and not bare
+    assert ("bias", "bias model 0.9500 (s0, s1)", 0.95) in lines and ("bias", "bias model 0.9000 (other)", 0.9) in lines
+
+
+def test_plot_without_recorded_baselines_draws_the_curve_alone(tmp_path, monkeypatch, capsys):
+    run = _run(tmp_path, "old", [1.2, 1.1])  # no baselines recorded, as older runs
+    ranking = RunRecorder(tmp_path / "fppdm", "fppdm", "synthetic", {})  # HR/NDCG only: no note for it
+    ranking.add_round({"round": 1, "hr@10": 0.4})
+    ranking.finish({"hr@10": 0.4})
+    drawn = _charted(monkeypatch)
+    files = plot_runs([str(run), str(tmp_path / "fppdm")], str(tmp_path / "plots"))
+    assert {p.name for p in files} == {"rmse.png", "hr_at_10.png", "round_seconds.png"}
+    assert drawn["rmse"] == ["fedgnn/synthetic (old)"] and drawn["hr@10"] == ["fppdm/synthetic (fppdm)"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"fedrec plot: {run} recorded no baselines; its RMSE curve is drawn alone"]
+
+
 def test_summary_shows_the_baselines_and_the_accounted_budget(tmp_path):
     from fedrec_flwr.fedgnn.accounting import budget
 
