@@ -4,14 +4,16 @@
     python -m benchmarks.sparse_variants --data-dir ../shared/data --datasets ml-100k --targets 9 3.5 --cold 0.1
     python -m benchmarks.sparse_variants --data-dir ../shared/data --datasets douban --targets 3.5 \
         --model fedgnn_tuned --out benchmarks/results/sparse_variants_fedgnn_tuned.json
+    python -m benchmarks.sparse_variants --datasets synthetic --set data.synthetic.scale=1-100 --model fedgnn_user_dp
 
 For each dataset and each target (training ratings a user keeps on average; 0: the full split), the same test
 ratings are scored by the trivial baselines and the bias model, on all of them and split by user: cold users (no
-training rating), light users (1-5) and the rest. With --model PRESET the preset's federated model is also trained
-in-process on the variant, at its own settings, and scored exactly on the same ratings per group
-(`run_in_process(by_group=True)`). The baselines are the floor a federated model must reach on the variant
-(issue: sparse and cold users). Writes benchmarks/results/sparse_variants.json (a fresh dated file when it exists,
-unless --resume) and prints one Markdown row per cell.
+training rating), light users (1-5) and the rest. `--set KEY=VALUE ...` overrides the config of every cell (the
+synthetic generator's scale, or a model setting) and is part of the cell's key. With --model PRESET the preset's
+federated model is also trained in-process on the variant, at its own settings, and scored exactly on the same
+ratings per group (`run_in_process(by_group=True)`). The baselines are the floor a federated model must reach on
+the variant (issue: sparse and cold users). Writes benchmarks/results/sparse_variants.json (a fresh dated file when
+it exists, unless --resume) and prints one Markdown row per cell.
 """
 
 from __future__ import annotations
@@ -40,12 +42,15 @@ def groups(ds) -> dict[str, np.ndarray]:
             "rest": users[per_user > 5]}
 
 
-def cell(name: str, data_dir: str, target: float, cold: float, model: str | None, seed: int) -> dict:
-    """One dataset variant's facts and its baselines per user group (and the model's, with `model`)."""
+def cell(name: str, data_dir: str, target: float, cold: float, model: str | None, seed: int,
+         extra: list[str] = ()) -> dict:
+    """One dataset variant's facts and its baselines per user group (and the model's, with `model`); `extra`:
+    further config overrides."""
     cfg = load_config(model or "fedgnn_tuned", name, [f"data.data_dir={data_dir}", f"data.train_per_user={target}",
-                                                      f"data.cold_fraction={cold if target else 0}", f"seed={seed}"])
+                                                      f"data.cold_fraction={cold if target else 0}", f"seed={seed}",
+                                                      *extra])
     ds = load_from_config(cfg.data)
-    out = {"dataset": name, "train_per_user": target, "cold_fraction": cold if target else 0.0,
+    out = {"dataset": name, "set": list(extra), "train_per_user": target, "cold_fraction": cold if target else 0.0,
            "users": ds.num_users, "train": len(ds.train), "test": len(ds.test), "groups": {}}
     for group, users in groups(ds).items():
         n = int(np.isin(ds.test.users, users).sum())
@@ -71,24 +76,30 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="the run seed of the model (with --model)")
     ap.add_argument("--out", default="benchmarks/results/sparse_variants.json")
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--set", nargs="*", default=[], dest="extra", help="config overrides of every cell")
     args = ap.parse_args()
     path = results_file(Path(args.out), args.resume)
     doc = json.loads(path.read_text()) if path.exists() else {
         "command": "python -m benchmarks.sparse_variants", "machine": platform.processor() or platform.machine(),
         "date": date.today().isoformat(), "cells": []}
-    done = {(c["dataset"], c["train_per_user"]) for c in doc["cells"]}
+    def key(c: dict) -> tuple:
+        return c["dataset"], c["train_per_user"], tuple(c.get("set", []))
+
+    done = {key(c) for c in doc["cells"]}
     print("| dataset | per user | group | users | test ratings | global mean | user mean | item mean | bias | model |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.datasets:
         for target in args.targets:
-            if (name, target) not in done:
-                doc["cells"].append(cell(name, args.data_dir, target, args.cold, args.model, args.seed))
+            want = (name, target, tuple(args.extra))
+            if want not in done:
+                doc["cells"].append(cell(name, args.data_dir, target, args.cold, args.model, args.seed, args.extra))
                 path.write_text(json.dumps(doc, indent=1) + "\n")
-            c = next(c for c in doc["cells"] if (c["dataset"], c["train_per_user"]) == (name, target))
+            c = next(c for c in doc["cells"] if key(c) == want)
             for group, g in c["groups"].items():
                 if g["test_ratings"]:
                     model = f"{g['model']:.4f}" if g.get("model") is not None else "-"
-                    print(f"| {name} | {target or 'full'} | {group} | {g['users']} | {g['test_ratings']} | "
+                    label = " ".join([name, *args.extra])
+                    print(f"| {label} | {target or 'full'} | {group} | {g['users']} | {g['test_ratings']} | "
                           f"{g['global_mean']:.4f} | {g['user_mean']:.4f} | {g['item_mean']:.4f} | {g['bias']:.4f} | "
                           f"{model} |")
     print(f"written: {path}")

@@ -130,6 +130,17 @@ class ModelConfig:
     # model's regularised user bias. A user with 3 ratings keeps 3 / (3 + k) of its mean residual, one with 300
     # nearly all: the few ratings of a light user no longer set its whole prediction. 0: no shrinkage
     user_offset_reg: float = ranged(0.0, _NON_NEGATIVE)
+    # b_pop: a second global bias, of the population part alone (the global bias and the items' own terms t_i: w.x_i,
+    # b_i; `models.dense_star.population_predict`), trained on sum (b_pop + t_i - r)^2 and never in the full
+    # prediction. The full model's b cannot serve: the users' free terms (offset, embedding) soak up the data's mean
+    # and leave b near the scale's midpoint, so b + t_i, all a cold user (no rating) can be given, would miss the
+    # mean. One more model weight, uploaded and protected as the others
+    population_bias: bool = False
+    # k: a user with n training ratings predicts the population part (global bias and the items' own terms) plus its
+    # own part (dot product, user bias, offset) times n / (n + k), the bias model's shrinkage of a user bias: a user
+    # with 3 ratings trusts what 3 ratings taught its private embedding that much. On the device, at prediction only:
+    # no privacy cost. 0: the full prediction. A cold user (no rating, no neighbour) predicts the population part
+    personal_shrink: float = ranged(0.0, _NON_NEGATIVE)
     # a free scalar b_i per item, carried as one extra last column of the item's row (rows of width
     # dim + 1, `models.row_width`) and added to its predictions: uploaded, clipped, noised, imitated by
     # pseudo rows and merged with the rest of the row (the privacy accounting counts the extra coordinate)
@@ -312,6 +323,10 @@ class ServerOptConfig:
     # learning rate of the item table (0: same as lr). Item rows are far noisier than the model's
     # gradients under LDP (each item's row averages few real uploads), so they want their own rate
     item_lr: float = ranged(0.0, _NON_NEGATIVE)  # 0: same as lr
+    # learning rate of the population bias b_pop (model.population_bias; 0: same as lr). It starts at the scale's
+    # midpoint and must travel to the data's mean (0.7 of a star on Douban) within the run; one scalar whose summed
+    # gradient is the strongest signal of any weight, so it can move faster than the rest
+    population_lr: float = ranged(0.0, _NON_NEGATIVE)
     # Adam's beta1 for the item table: a higher value averages each row's noisy merged gradient
     # over more rounds before it moves the row
     item_beta1: float = ranged(0.9, Range(0, 1, open_high=True, text="0 <= beta1 < 1"))

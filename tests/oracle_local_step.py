@@ -63,17 +63,28 @@ def pyg_local_step(
     row_grad = torch.zeros_like(items_x)
     losses = []
     shrink = cfg.model.user_offset_reg / data.train_items.size  # the offset's penalty k / n * offset^2
+    pop_bias = model.population_bias  # model.population_bias: b_pop, trained on the population loss alone
+    pop_at = next((k for k, p in enumerate(params) if p is pop_bias), None)
     for _ in range(cfg.local.steps):
         pick = torch.from_numpy(rng.permutation(data.train_items.size)[: cfg.local.batch_size]).to(device)
         pred, _ = model(batch, user_x, model.item_input(items_x, features), None, neigh_x)
         loss = torch.mean((pred[pick] + offset - targets[pick]) ** 2)
-        grads = torch.autograd.grad(loss + shrink * offset ** 2, [*params, items_x, user_x, *([offset] if private else [])])
+        full = [p for p in params if p is not pop_bias]  # b_pop is not in the full prediction
+        grads = list(torch.autograd.grad(loss + shrink * offset ** 2,
+                                         [*full, items_x, user_x, *([offset] if private else [])]))
         if private:
             *grads, g_offset = grads
         # uploads carry the gradient of the summed loss when local.loss = "sum": per-row
         # gradients then use the clip range instead of drowning in the LDP noise
         scale = float(pick.numel()) if cfg.local.loss == "sum" else 1.0
-        step = [scale * g for g in grads[: len(params) + 1]]
+        step = [scale * g for g in grads[: len(full) + 1]]
+        if pop_bias is not None:  # b_pop: the mean population loss's gradient, never scaled by the pick
+            x = model.item_input(items_x, features)[pick]
+            t = x[:, -1] if model.item_bias else torch.zeros(pick.numel())
+            if model.item_bias_map is not None:
+                t = t + x[:, : model.dim] @ model.item_bias_map
+            (g_pop,) = torch.autograd.grad(torch.mean((pop_bias + t - targets[pick]) ** 2), [pop_bias])
+            step.insert(pop_at, g_pop)
         if delta:  # each local step moves by the clipped gradient, as the server would apply it
             step = [torch.clamp(g, -cfg.privacy.clip_delta, cfg.privacy.clip_delta) for g in step]
         for acc, g in zip(grad_sum, step[: len(params)]):
@@ -127,19 +138,26 @@ def oracle_uploads(users, weights: list[np.ndarray], rows: list[np.ndarray],
 
 
 def pyg_evaluate(model: RatingGNN, state: UserState, data: UserData, item_rows: np.ndarray, low: float,
-                 high: float) -> ErrorSums:
+                 high: float, personal_shrink: float = 0.0) -> ErrorSums:
     """(SSE, SAE, n) of the user's clipped test predictions from PyG's layers on its star graph: the user node,
-    its rated items, its neighbours, and its query items hanging off it (item rows: its anonymity set's)."""
+    its rated items, its neighbours, and its query items hanging off it (item rows: its anonymity set's). The
+    population part (b_pop or b, plus the items' own terms) plus n / (n + k) of the rest; a cold user without
+    neighbours predicts the population part alone."""
     model = ready(model, torch.device("cpu"), training=False)
     rows = lambda items: torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, items)])  # noqa: E731
     batch = build_star_batch([data.train_items.size], [data.test_items.size], [state.neighbours.shape[0]])
+    n = data.train_items.size
     with torch.no_grad():
         train_x = model.item_input(rows(data.train_items), _features_of(data, data.train_items, torch.device("cpu")))
         query_x = model.item_input(rows(data.test_items), _features_of(data, data.test_items, torch.device("cpu")))
-        if data.train_items.size == 0 and state.neighbours.shape[0] == 0:  # cold and alone: the population part
-            x, b = (query_x[:, :-1], query_x[:, -1]) if model.item_bias else (query_x, 0.0)
-            pred = model.bias + b + (x @ model.item_bias_map if model.item_bias_map is not None else 0.0)
-            return squared_error_sum(pred.numpy() + np.float32(state.offset), data.test_values, low, high)
+        x, b = (query_x[:, :-1], query_x[:, -1]) if model.item_bias else (query_x, 0.0)
+        first = model.population_bias if model.population_bias is not None else model.bias
+        population = first + b + (x @ model.item_bias_map if model.item_bias_map is not None else 0.0)
+        if n == 0 and state.neighbours.shape[0] == 0:  # cold and alone: the population part
+            return squared_error_sum(population.numpy(), data.test_values, low, high)
         _, pred = model(batch, torch.from_numpy(state.embedding[None, :]), train_x, query_x,
                         torch.from_numpy(state.neighbours))
-    return squared_error_sum(pred.numpy() + np.float32(state.offset), data.test_values, low, high)
+        pred = pred + np.float32(state.offset)
+        own = n / (n + personal_shrink) if personal_shrink else 1.0
+        pred = population + own * (pred - population)
+    return squared_error_sum(pred.numpy(), data.test_values, low, high)

@@ -21,7 +21,8 @@ DELTA = ["local.upload=delta", "local.steps=3", "local.batch_size=7", "local.los
 # item rows of width d + 1 (the last column b_i), private offsets from each user's own mean, with features and biases
 ITEM_BIAS = ["model.item_bias=true", "model.user_offset=true", "model.user_offset_init=mean", "data.item_features=true",
              "model.biases=true", "local.user_steps=2", "local.steps=2", "local.batch_size=9",
-             "model.user_offset_reg=5"]  # and the offset shrunk as the bias model shrinks a user's bias
+             "model.user_offset_reg=5",  # and the offset shrunk as the bias model shrinks a user's bias,
+             "model.population_bias=true", "model.personal_shrink=3"]  # b_pop, and the own part weighted n / (n + k)
 
 
 # The batched path (dense padded stars) and the PyG oracle (PyG's scatter) sum the same terms in different
@@ -79,7 +80,9 @@ def test_evaluation_scores_what_the_pyg_forward_predicts(tmp_path, gnn, extra):
                                                                     for k in (0, 1)]
     scored = 0
     for state, data, r in cases:
-        got, want = evaluate_user(model, state, data, r, low, high), pyg_evaluate(model, state, data, r, low, high)
+        k = users[0].cfg.model.personal_shrink
+        got = evaluate_user(model, state, data, r, low, high, personal_shrink=k)
+        want = pyg_evaluate(model, state, data, r, low, high, personal_shrink=k)
         assert got.n == want.n == data.test_items.size
         np.testing.assert_allclose([got.sse, got.sae], [want.sse, want.sae], rtol=1e-5, atol=1e-5)
         scored += got.n

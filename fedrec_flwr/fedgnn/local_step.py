@@ -124,13 +124,15 @@ class StepRule(NamedTuple):
     delta: bool  # local.upload = "delta": local copies train, and the upload is their whole change over lr
     private_offset: bool  # model.user_offset: the offset trains with the embedding
     offset_reg: float  # model.user_offset_reg: k, the offset's shrinkage in pseudo-ratings
+    population_bias: bool  # model.population_bias: b_pop, the population part's own global bias, trains
 
     @classmethod
     def of(cls, cfg: DeviceSections) -> StepRule:
         """The rule of a device's `local`, `privacy` and `model` sections."""
         local = cfg.local
         return cls(local.steps, local.batch_size, local.user_steps, local.user_lr, local.lr, cfg.privacy.clip_delta,
-                   local.loss == "sum", local.upload == "delta", cfg.model.user_offset, cfg.model.user_offset_reg)
+                   local.loss == "sum", local.upload == "delta", cfg.model.user_offset, cfg.model.user_offset_reg,
+                   cfg.model.population_bias)
 
     def uploaded(self, grads: StepGrads, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
         """(model part, row part) of the step that enters the upload: the gradient, times each user's pick size
@@ -175,6 +177,8 @@ class StarBatch:
                                    requires_grad=self.private_offset)
         self.params = per_user_copies(model, len(states))
         self.leaves = list(self.params.values())  # in model.parameters() order, as uploads carry them
+        # where b_pop (model.population_bias) sits among the model weights, or None
+        self.population_at = list(self.params).index("population_bias") if "population_bias" in self.params else None
         self.item_input = (self._rows_as_given if self.features is None
                            else self._features_into_embedding if self.item_bias else self._features_added)
 
@@ -202,12 +206,34 @@ class StarBatch:
         x = self.item_input(self.items)
         return (self.predict(x.detach() if detach_items else x) - self.targets) ** 2
 
+    def population_bias_gradient(self, weights: torch.Tensor) -> torch.Tensor:
+        """[B]: each user's gradient, for its weights `weights` [B, T] on its rows (1 / |pick| each), of the population
+        loss sum w (b_pop + t_i - r)^2 with respect to b_pop (model.population_bias), t_i the item's own terms (w.x_i,
+        b_i): b_pop + t_i is then a prediction without the user's terms, what a cold user is given. A mean over the
+        user's pick, not a sum: every user pulls b_pop as one user (a cold user is one), and a heavy rater's pull does
+        not crowd its update's clip."""
+        with torch.no_grad():
+            x = self.item_input(self.items)
+            d = self.dim
+            pop = self.params["population_bias"][:, None].expand_as(self.targets)
+            if "item_bias_map" in self.params:
+                pop = pop + (x[..., :d] * self.params["item_bias_map"][:, None]).sum(-1)
+            if self.item_bias:
+                pop = pop + x[..., d]
+            return 2 * (weights * (pop - self.targets)).sum(1)
+
     def gradients(self, loss: torch.Tensor) -> StepGrads:
-        """The gradients of `loss` with respect to each user's weights, rows, embedding and (private) offset."""
+        """The gradients of `loss` with respect to each user's weights, rows, embedding and (private) offset.
+        b_pop (model.population_bias) is not in the full prediction: its slot holds zeros here, and its own
+        gradient (`population_bias_gradient`) replaces them."""
         offset = [self.offset] if self.private_offset else []
-        grads = torch.autograd.grad(loss, [*self.leaves, self.items, self.user, *offset])
-        n = len(self.leaves)
-        return StepGrads(list(grads[:n]), grads[n], grads[n + 1], grads[n + 2] if offset else None)
+        used = [leaf for name, leaf in self.params.items() if name != "population_bias"]
+        grads = list(torch.autograd.grad(loss, [*used, self.items, self.user, *offset]))
+        n = len(used)
+        model = grads[:n]
+        if self.population_at is not None:
+            model.insert(self.population_at, torch.zeros_like(self.params["population_bias"]))
+        return StepGrads(model, grads[n], grads[n + 1], grads[n + 2] if offset else None)
 
     def private_gradients(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The gradients of `loss` with respect to the private embeddings and (private) offsets only."""
@@ -249,9 +275,13 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
     # the offset's shrinkage: k / n * offset^2 beside each user's mean loss (its gradient, added to the loss's)
     shrink = torch.from_numpy(2 * rule.offset_reg / x.sizes).to(device=device, dtype=x.offset.dtype)
     for _ in range(rule.steps):
-        per_user = (x.minibatch_weights(rngs, rule.batch_size) * x.squared_errors()).sum(1)
+        weights = x.minibatch_weights(rngs, rule.batch_size)
+        per_user = (weights * x.squared_errors()).sum(1)
         grads = x.gradients(per_user.sum())
         model_step, row_step = rule.uploaded(grads, scale)
+        if rule.population_bias:  # b_pop: the user's mean population residual, whatever its count or local.loss
+            pop = x.population_bias_gradient(weights)
+            model_step[x.population_at] = torch.clamp(pop, -rule.clip, rule.clip) if rule.delta else pop
         for acc, g in zip(model_sum, model_step):
             acc += g
         row_sum += row_step

@@ -183,11 +183,15 @@ class FedGNNServer:
         self.items = torch.nn.Parameter(table.to(self.device))
         params = list(self.model.parameters())
         so = server_opt
+        # server_opt.population_lr: b_pop in a group of its own (one group otherwise, as checkpoints hold it)
+        pop = self.model.population_bias
+        groups = params if pop is None or not so.population_lr else [
+            {"params": [p for p in params if p is not pop]}, {"params": [pop], "lr": so.population_lr}]
         if so.name == "adam":
-            self.model_opt = torch.optim.Adam(params, lr=so.lr)
+            self.model_opt = torch.optim.Adam(groups, lr=so.lr)
             self.item_opt = torch.optim.SparseAdam([self.items], lr=so.item_rate, betas=(so.item_beta1, 0.999))
         else:
-            self.model_opt = torch.optim.SGD(params, lr=so.lr, momentum=so.momentum)
+            self.model_opt = torch.optim.SGD(groups, lr=so.lr, momentum=so.momentum)
             self.item_opt = torch.optim.SGD([self.items], lr=so.item_rate)
         # ExponentialLR decays each group's current rate in place, so the optimiser state in a checkpoint carries it
         self.lr_schedules = [torch.optim.lr_scheduler.ExponentialLR(opt, so.lr_decay)

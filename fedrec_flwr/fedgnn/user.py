@@ -233,12 +233,16 @@ def row_positions(state: UserState, items: np.ndarray, whole_table: bool) -> np.
 def evaluate_user(
     model: RatingGNN, state: UserState, data: UserData, item_rows: np.ndarray, low: float, high: float,
     device: torch.device | None = None, whole_table: bool = False, error_clip: float = float("inf"),
+    personal_shrink: float = 0.0,
 ) -> ErrorSums:
     """(SSE, SAE, n) of the user's clipped predictions on its own test ratings (item rows of `row_width`).
 
-    Every test rating is scored. A user without training ratings (cold) and without neighbours has nothing but its
-    embedding as drawn, so it predicts the population part alone (`population_predict`: the global bias and the
-    items' own biases), plus its private offset.
+    Every test rating is scored. The prediction is the model's population part (`population_predict`: the global bias
+    and the items' own terms, what every user shares) plus the user's own part (dot product, user bias, private
+    offset) weighted by n / (n + k), n the user's training ratings and k = `personal_shrink` (model.personal_shrink):
+    the own part of a user with 3 ratings rests on 3 ratings, and is trusted as much. k = 0: the full prediction. A
+    user without training ratings (cold) and without neighbours has nothing of its own but its embedding as drawn,
+    so whatever k, it predicts the population part alone.
     """
     if data.test_items.size == 0:
         return ErrorSums(0.0, 0.0, 0)
@@ -249,15 +253,13 @@ def evaluate_user(
 
     train_x, query_x = rows(data.train_items).to(device), rows(data.test_items).to(device)
     t = data.train_items.size
-    if t == 0 and state.neighbours.shape[0] == 0:  # cold: no rating and no neighbour to read a taste from
-        with torch.no_grad():
-            query_x = model.item_input(query_x, _features_of(data, data.test_items, device))
-            pred = population_predict(model, *model.split_rows(query_x))
-        return squared_error_sum(pred.cpu().numpy() + np.float32(state.offset), data.test_values, low, high,
-                                 error_clip)
+    own = 0.0 if t == 0 and state.neighbours.shape[0] == 0 else t / (t + personal_shrink) if personal_shrink else 1.0
     with torch.no_grad():
-        train_x = model.item_input(train_x, _features_of(data, data.train_items, device))
         query_x = model.item_input(query_x, _features_of(data, data.test_items, device))
+        population = population_predict(model, *model.split_rows(query_x)) if own < 1 else None
+        if own == 0:  # cold and alone: no taste of its own to read
+            return squared_error_sum(population.cpu().numpy(), data.test_values, low, high, error_clip)
+        train_x = model.item_input(train_x, _features_of(data, data.train_items, device))
         # one star: the query items hang off the user (they receive from it, and the mask keeps them out of its message)
         items, b_items = model.split_rows(torch.cat([train_x, query_x], 0))
         mask = torch.cat([torch.ones(t, device=device), torch.zeros(data.test_items.size, device=device)])
@@ -266,7 +268,10 @@ def evaluate_user(
                           torch.ones(1, neigh_x.shape[0], device=device))
         params = {name: p[None] for name, p in model.named_parameters()}  # one user: a batch of one
         pred = dense_predict(model, params, star, star, None if b_items is None else b_items[None])[0, t:]
-    return squared_error_sum(pred.cpu().numpy() + np.float32(state.offset), data.test_values, low, high, error_clip)
+        pred = pred + np.float32(state.offset)
+        if population is not None:
+            pred = population + own * (pred - population)
+    return squared_error_sum(pred.cpu().numpy(), data.test_values, low, high, error_clip)
 
 
 class FedGNNUser:
@@ -406,4 +411,5 @@ class FedGNNUser:
         """(SSE, SAE, n) on the user's own test ratings (each error clipped to +-error_clip)."""
         set_weights(self.model, weights)
         return evaluate_user(self.model, self.state, self.data, self.item_rows(rows), self.meta.scale.low,
-                             self.meta.scale.high, self.device, whole_table=self.whole_table, error_clip=error_clip)
+                             self.meta.scale.high, self.device, whole_table=self.whole_table, error_clip=error_clip,
+                             personal_shrink=self.cfg.model.personal_shrink)

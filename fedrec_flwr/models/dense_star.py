@@ -156,13 +156,14 @@ def dense_predict(model: RatingGNN, params: dict[str, torch.Tensor], raw: DenseS
 
 
 def population_predict(model: RatingGNN, items: torch.Tensor, item_bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What the model predicts for items [T, dim] when nothing is known of the user: the global bias plus the items'
-    own bias terms (w.x_i with model.biases, b_i with model.item_bias), without the dot product and the user's bias.
+    """What the model predicts for items [T, dim] when nothing is known of the user: a global bias plus the items'
+    own terms t_i (w.x_i with model.biases, b_i with model.item_bias), without the dot product and the user's bias.
 
-    A cold user (no training rating) has only its embedding as drawn; its dot products with the item
-    representations are noise of the draw's scale, which no training ever corrected. The population part is what
-    the federation learned for every user, so a cold user scores at least as a model's global mean would."""
-    pred = model.bias.detach().expand(items.shape[0]).clone()
+    The global bias is b_pop (model.population_bias), trained for this prediction alone, else the full model's b,
+    which the users' free terms leave wherever the run started it. A cold user (no training rating) has only its
+    embedding as drawn, whose dot products are noise no training corrected: this is all it can be given."""
+    first = model.population_bias if model.population_bias is not None else model.bias
+    pred = first.detach().expand(items.shape[0]).clone()
     if model.item_bias_map is not None:
         pred = pred + items @ model.item_bias_map.detach()
     if item_bias is not None:

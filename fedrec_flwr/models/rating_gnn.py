@@ -58,7 +58,8 @@ class RatingGNN(nn.Module):
     """
 
     def __init__(self, kind: str, dim: int, dropout: float = 0.0, heads: int = 1, bias_init: float = 0.0,
-                 biases: bool = False, num_item_features: int = 0, item_bias: bool = False):
+                 biases: bool = False, num_item_features: int = 0, item_bias: bool = False,
+                 population_bias: bool = False):
         super().__init__()
         self.dim, self.item_bias = dim, item_bias
         self.encoder = StarGraphEncoder(kind, dim, dropout, heads)
@@ -67,6 +68,10 @@ class RatingGNN(nn.Module):
         self.item_bias_map = nn.Parameter(torch.zeros(dim)) if biases else None
         # public item features enter as x_i = e_i + f_i W; W starts at zero (the paper's model)
         self.item_feature_map = nn.Parameter(torch.zeros(num_item_features, dim)) if num_item_features else None
+        # model.population_bias: b_pop, the global bias of the population part only (`models.dense_star.
+        # population_predict`), trained on sum (b_pop + t_i - r)^2 and never in the full prediction. Registered after
+        # the other direct weights: without it, the order of the weights on the wire is what it was
+        self.population_bias = nn.Parameter(torch.tensor(float(bias_init))) if population_bias else None
 
     def item_input(self, rows: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
         """Item node inputs: the item embedding rows plus the mapped public features of those items.
@@ -135,4 +140,4 @@ def row_width(model_cfg) -> int:
 def build_model(model_cfg, bias_init: float, num_item_features: int = 0) -> RatingGNN:
     """The RatingGNN a ModelConfig describes (taking `num_item_features` public item features)."""
     return RatingGNN(model_cfg.gnn, model_cfg.dim, model_cfg.dropout, model_cfg.heads, bias_init, model_cfg.biases,
-                     num_item_features, model_cfg.item_bias)
+                     num_item_features, model_cfg.item_bias, model_cfg.population_bias)
