@@ -20,7 +20,6 @@ from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.fedgnn.user import evaluate_user
 from fedrec_flwr.models.rating_gnn import build_model, row_width
 from fedrec_flwr.reference.baselines import baseline_rmses
-
 from tests.conftest import fixed_secrets
 
 SPARSE = ["data.synthetic.num_users=300", "data.train_per_user=3.5", "data.cold_fraction=0.2"]
