@@ -142,7 +142,7 @@ def pyg_evaluate(model: RatingGNN, state: UserState, data: UserData, item_rows: 
     """(SSE, SAE, n) of the user's clipped test predictions from PyG's layers on its star graph: the user node,
     its rated items, its neighbours, and its query items hanging off it (item rows: its anonymity set's). The
     population part (b_pop or b, plus the items' own terms) plus n / (n + k) of the rest; a cold user without
-    neighbours predicts the population part alone."""
+    neighbours predicts the population part alone where the model has b_pop."""
     model = ready(model, torch.device("cpu"), training=False)
     rows = lambda items: torch.from_numpy(item_rows[np.searchsorted(state.anonymity_ids, items)])  # noqa: E731
     batch = build_star_batch([data.train_items.size], [data.test_items.size], [state.neighbours.shape[0]])
@@ -153,7 +153,7 @@ def pyg_evaluate(model: RatingGNN, state: UserState, data: UserData, item_rows: 
         x, b = (query_x[:, :-1], query_x[:, -1]) if model.item_bias else (query_x, 0.0)
         first = model.population_bias if model.population_bias is not None else model.bias
         population = first + b + (x @ model.item_bias_map if model.item_bias_map is not None else 0.0)
-        if n == 0 and state.neighbours.shape[0] == 0:  # cold and alone: the population part
+        if n == 0 and state.neighbours.shape[0] == 0 and model.population_bias is not None:  # cold and alone
             return squared_error_sum(population.numpy(), data.test_values, low, high)
         _, pred = model(batch, torch.from_numpy(state.embedding[None, :]), train_x, query_x,
                         torch.from_numpy(state.neighbours))

@@ -66,8 +66,8 @@ def _uploads(tmp_path, gnn: str, extra: list[str], batch: int | None):
 def test_evaluation_scores_what_the_pyg_forward_predicts(tmp_path, gnn, extra):
     """A device scores its test ratings through the dense star (no PyG import on the device); PyG's message passing
     on the same star graph gives the same error sums, with neighbours, item biases and features, and for a user
-    whose ratings are all test ratings (cold: its star is its own node and its query items, or, without neighbours,
-    the population part alone)."""
+    whose ratings are all test ratings (cold: its star is its own node and its query items, or, without neighbours
+    and with b_pop, the population part alone)."""
     users, weights, rows, _ = _users(tmp_path, gnn, extra)
     low, high = users[0].meta.scale.low, users[0].meta.scale.high
     model = users[0].model
@@ -75,7 +75,7 @@ def test_evaluation_scores_what_the_pyg_forward_predicts(tmp_path, gnn, extra):
                         for i, w in enumerate(weights)])  # away from the initial zeros (biases, feature map)
     def cold(u):
         return dataclasses.replace(u.data, train_items=u.data.train_items[:0], train_values=u.data.train_values[:0])
-    # cold with one neighbour (user 1), and cold and alone (user 0: the population part alone)
+    # cold with one neighbour (user 1), and cold and alone (user 0: the population part alone with b_pop)
     cases = [(u.state, u.data, r) for u, r in zip(users, rows)] + [(users[k].state, cold(users[k]), rows[k])
                                                                     for k in (0, 1)]
     scored = 0
