@@ -27,17 +27,18 @@ NO_NOISE = ["privacy.noise_multiplier=1e-6", "privacy.target_epsilon=0", "privac
 # name -> (config overrides of fedgnn_user_dp, what the lever tries)
 LEVERS: dict[str, tuple[list[str], str]] = {
     "preset": ([], "fedgnn_user_dp as shipped"),
-    "offset_reg": (["model.user_offset_reg=5"], "the private offset shrunk as the bias model's user bias (k = 5)"),
-    "offset_reg_steps": (["model.user_offset_reg=5", "local.user_steps=5"],
-                         "and 5 private steps a round instead of 2 (free personalisation)"),
+    "no_sparse_switches": (["model.population_bias=false", "model.personal_shrink=0", "model.user_offset_reg=0",
+                            "server_opt.population_lr=0"],
+                           "without b_pop, the offset's shrinkage and the own part's weight (the earlier preset)"),
+    "user_steps_5": (["local.user_steps=5"], "5 private steps a round instead of 2 (free personalisation)"),
     "clip_3": (["privacy.clip_norm=3"], "clip C = 3 (noise grows with it)"),
     "clip_10": (["privacy.clip_norm=10"], "clip C = 10: about the median user's update norm"),
-    "pick_20": (["local.batch_size=20"], "each user's update from 20 of its ratings a round (equal influence)"),
+    "pick_20": (["local.batch_size=20"], "each user's update from 20 of its ratings a round"),
     "no_noise": (NO_NOISE, "reference: the clip (C = 1) without noise"),
     "no_noise_clip_10": ([*NO_NOISE, "privacy.clip_norm=10"], "reference: the clip C = 10 without noise"),
     "no_noise_no_clip": ([*NO_NOISE, "privacy.clip_norm=1e6"], "reference: neither noise nor clip"),
     "no_noise_no_clip_pick_20": ([*NO_NOISE, "privacy.clip_norm=1e6", "local.batch_size=20"],
-                                 "reference: neither, but every user's influence equalised (20 ratings a round)"),
+                                 "reference: neither, every user's update from 20 of its ratings a round"),
 }
 
 
