@@ -13,7 +13,8 @@ synthetic generator's scale, or a model setting) and is part of the cell's key. 
 federated model is also trained in-process on the variant, at its own settings, and scored exactly on the same
 ratings per group (`run_in_process(by_group=True)`). The baselines are the floor a federated model must reach on
 the variant (issue: sparse and cold users). Writes benchmarks/results/sparse_variants.json (a fresh dated file when
-it exists, unless --resume) and prints one Markdown row per cell.
+it exists, unless --resume) and prints one Markdown row per cell. `--table FILE ...` prints the model runs of several
+records side by side (a column per preset and overrides) and runs nothing.
 """
 
 from __future__ import annotations
@@ -65,6 +66,33 @@ def cell(name: str, data_dir: str, target: float, cold: float, model: str | None
     return out
 
 
+def model_label(cell: dict) -> str:
+    """A record cell's model column name: its preset and any overrides."""
+    return " ".join([cell.get("model") or "-", *cell.get("set", [])])
+
+
+def combined_table(paths: list[Path]) -> str:
+    """One Markdown table of the records in `paths`: a row per (variant, user group) with its baselines, a column
+    per model (preset and overrides) holding its RMSE on the same test ratings."""
+    cells = [c for path in paths for c in json.loads(path.read_text())["cells"] if c.get("model")]
+    models = list(dict.fromkeys(model_label(c) for c in cells))
+    rows: dict[tuple, dict] = {}
+    for c in cells:
+        for group, g in c["groups"].items():
+            if g["test_ratings"] and group != "rest":
+                row = rows.setdefault((c["dataset"], c["train_per_user"], group), {"g": g})
+                row[model_label(c)] = g["model"]
+    lines = ["| variant | users: test ratings | global mean | user mean | bias model | " + " | ".join(models) + " |",
+             "|---|---|---|---|---|" + "---|" * len(models)]
+    for (name, target, group), row in rows.items():
+        g = row["g"]
+        variant = f"{name}, {target:g} a user" if target else f"{name}, full"
+        lines.append(f"| {variant} | {group} ({g['users']}): {g['test_ratings']:,} | {g['global_mean']:.4f} | "
+                     f"{g['user_mean']:.4f} | {g['bias']:.4f} | "
+                     + " | ".join(f"{row[m]:.4f}" if m in row else "" for m in models) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Every (dataset, target) cell; resumable."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,7 +105,12 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/sparse_variants.json")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="config overrides of every cell")
+    ap.add_argument("--table", nargs="+", type=Path, default=None,
+                    help="only print one table of these records' model runs, a column per model")
     args = ap.parse_args()
+    if args.table:
+        print(combined_table(args.table))
+        return
     path = results_file(Path(args.out), args.resume)
     doc = json.loads(path.read_text()) if path.exists() else {
         "command": "python -m benchmarks.sparse_variants", "machine": platform.processor() or platform.machine(),
