@@ -67,8 +67,8 @@ def cell(name: str, data_dir: str, target: float, cold: float, model: str | None
 
 
 def model_label(cell: dict) -> str:
-    """A record cell's model column name: its preset and any overrides."""
-    return " ".join([cell.get("model") or "-", *cell.get("set", [])])
+    """A record cell's model column name: its preset and any model overrides (data overrides name the variant)."""
+    return " ".join([cell.get("model") or "-", *(x for x in cell.get("set", []) if not x.startswith("data."))])
 
 
 def combined_table(paths: list[Path]) -> str:
@@ -79,14 +79,15 @@ def combined_table(paths: list[Path]) -> str:
     rows: dict[tuple, dict] = {}
     for c in cells:
         for group, g in c["groups"].items():
-            if g["test_ratings"] and group != "rest":
-                row = rows.setdefault((c["dataset"], c["train_per_user"], group), {"g": g})
+            if g["test_ratings"] and group != "rest":  # data overrides (the scale, ...) make a variant of their own
+                data_set = tuple(x for x in c.get("set", []) if x.startswith("data."))
+                row = rows.setdefault((c["dataset"], data_set, c["train_per_user"], group), {"g": g})
                 row[model_label(c)] = g["model"]
     lines = ["| variant | users: test ratings | global mean | user mean | bias model | " + " | ".join(models) + " |",
              "|---|---|---|---|---|" + "---|" * len(models)]
-    for (name, target, group), row in rows.items():
+    for (name, data_set, target, group), row in rows.items():
         g = row["g"]
-        variant = f"{name}, {target:g} a user" if target else f"{name}, full"
+        variant = " ".join([name, *data_set]) + (f", {target:g} a user" if target else ", full")
         lines.append(f"| {variant} | {group} ({g['users']}): {g['test_ratings']:,} | {g['global_mean']:.4f} | "
                      f"{g['user_mean']:.4f} | {g['bias']:.4f} | "
                      + " | ".join(f"{row[m]:.4f}" if m in row else "" for m in models) + " |")

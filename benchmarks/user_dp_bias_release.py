@@ -4,12 +4,12 @@
 
 The mechanism, computed centrally as SecAgg+ would deliver its sum: every user sends one vector over the whole item
 table, w_u * clip(r_ui - m - b_u, +-c) / span on its rated items and alpha * w_u on a second copy (its counts), with
-w_u = n_u^-p scaled so that no user's vector passes L2 norm sqrt(c^2 + alpha^2) (the sensitivity: add or remove
-one user); the sum carries Gaussian noise of that norm times sigma, sigma calibrated by dp-accounting (RDP) so the
-one release spends epsilon at delta = 1e-5. m is the scale's midpoint (public), b_u the user's own shrunk offset
-(on its device, free). The server shifts the global mean by the noisy sums' ratio and sets b_i = S_i / (N_i +
-lambda); every device then refits its own offset against them. The prediction is m + g + b_u + b_i: the bias model
-under user-level DP.
+w_u = n_u^-p, scaled down by the user's own count where needed so that no user's vector passes L2 norm
+sqrt(c^2 + alpha^2) (the sensitivity: add or remove one user). The sum carries Gaussian noise of that norm times
+sigma, sigma calibrated by dp-accounting (RDP) so that the one release spends epsilon at delta = 1e-5. m is the
+scale's midpoint (public), b_u the user's own shrunk offset (on its device, free). The server shifts the global
+mean by the noisy sums' ratio and sets b_i = S_i / (N_i + lambda); every device then refits its own offset against
+them. The prediction is m + g + b_u + b_i: the bias model under user-level DP.
 
 The grid over (c, alpha, lambda, p) is scored on the test ratings and the best cell is reported: an optimistic
 bound on what the lever can give, spending the whole epsilon on it before any training. Mean of --seeds noise
@@ -34,7 +34,7 @@ from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.metrics import rmse
 
 OUT = Path("benchmarks/results/user_dp_bias_release.json")
-GRID = {"c": (0.25, 0.5, 1.0), "alpha": (0.5, 1.0), "lam": (5.0, 20.0, 50.0, 200.0, 1000.0), "p": (0.0, 0.5, 1.0)}
+GRID = {"c": (0.25, 0.5, 1.0), "alpha": (0.5, 1.0), "lam": (0.5, 2.0, 5.0, 20.0, 100.0), "p": (0.0, 0.5, 1.0)}
 USER_REG = 5.0  # the offset's shrinkage, as the bias model's
 
 
@@ -57,8 +57,9 @@ def released_bias_rmse(ds, sigma: float, c: float, alpha: float, lam: float, p: 
     m, span = (low + high) / 2, high - low
     v = tr.values.astype(np.float64)
     n_u = np.bincount(tr.users, minlength=ds.num_users).astype(np.float64)
-    w = np.maximum(n_u, 1) ** -p
-    w /= np.sqrt((w ** 2 * n_u).max())  # every user's count vector has L2 norm at most 1 (alpha after scaling)
+    # each user's own weight, so that its count vector has L2 norm at most 1 (alpha after scaling): w sqrt(n) <= 1,
+    # from its own count alone (a normaliser over all users would let one user rescale everyone's)
+    w = np.maximum(n_u, 1) ** -p / np.maximum(1.0, np.maximum(n_u, 1) ** (0.5 - p))
     b_u = np.bincount(tr.users, weights=v - m, minlength=ds.num_users) / (n_u + USER_REG)
     res = np.clip((v - m - b_u[tr.users]) / span, -c, c)
     noise = sigma * np.sqrt(c ** 2 + alpha ** 2)
@@ -66,7 +67,7 @@ def released_bias_rmse(ds, sigma: float, c: float, alpha: float, lam: float, p: 
     cnt = (alpha * np.bincount(tr.items, weights=w[tr.users], minlength=ds.num_items)
            + rng.normal(0, noise, ds.num_items)) / alpha
     shift = s.sum() / cnt.sum()
-    reg = lam * w[tr.users].mean()  # lambda in units of an average rating's weight
+    reg = lam  # in units of the weight of one user's rating at w = 1 (public, not fitted on the data)
     b_i = span * (s - shift * cnt) / np.maximum(cnt + reg, reg)
     g = span * shift
     b_u = np.bincount(tr.users, weights=v - m - g - b_i[tr.items], minlength=ds.num_users) / (n_u + USER_REG)

@@ -125,13 +125,13 @@ class ModelConfig:
     # model's starting global bias (the scale midpoint), so its first predictions are its own mean.
     # Computed on the device from its own ratings and never sent: no privacy cost
     user_offset_init: str = "zero"
-    # shrinkage of that offset towards the model's population prediction, in pseudo-ratings k: the local loss adds
+    # shrinkage of that offset towards 0 (the prediction without it), in pseudo-ratings k: the local loss adds
     # k / n * offset^2 (n the user's training ratings), so the offset settles at sum(residuals) / (n + k), the bias
     # model's regularised user bias. A user with 3 ratings keeps 3 / (3 + k) of its mean residual, one with 300
     # nearly all: the few ratings of a light user no longer set its whole prediction. 0: no shrinkage
     user_offset_reg: float = ranged(0.0, _NON_NEGATIVE)
     # b_pop: a second global bias, of the population part alone (the global bias and the items' own terms t_i: w.x_i,
-    # b_i; `models.dense_star.population_predict`), trained on sum (b_pop + t_i - r)^2 and never in the full
+    # b_i; `models.dense_star.population_predict`), trained on each user's mean (b_pop + t_i - r)^2, never in the full
     # prediction. The full model's b cannot serve: the users' free terms (offset, embedding) soak up the data's mean
     # and leave b near the scale's midpoint, so b + t_i, all a cold user (no rating) can be given, would miss the
     # mean. One more model weight, uploaded and protected as the others
@@ -707,6 +707,10 @@ def _validate(cfg: AppConfig) -> None:
     if cfg.model.user_offset_reg > 0 and not cfg.model.user_offset:
         raise ConfigError(f"config key 'model.user_offset_reg' = {cfg.model.user_offset_reg} needs "
                           "model.user_offset = true (there is no private offset to shrink otherwise)")
+    if (cfg.model.personal_shrink > 0 or cfg.server_opt.population_lr > 0) and not cfg.model.population_bias:
+        key = "model.personal_shrink" if cfg.model.personal_shrink > 0 else "server_opt.population_lr"
+        raise ConfigError(f"config key '{key}' needs model.population_bias = true (the population part it "
+                          "weighs or trains is otherwise the full model's b, which does not learn the mean)")
     if cfg.model.user_offset_init != "zero" and not cfg.model.user_offset:
         raise ConfigError(f"config key 'model.user_offset_init' = {cfg.model.user_offset_init!r} needs "
                           "model.user_offset = true (there is no private offset to start otherwise)")

@@ -80,7 +80,7 @@ def pyg_local_step(
         step = [scale * g for g in grads[: len(full) + 1]]
         if pop_bias is not None:  # b_pop: the mean population loss's gradient, never scaled by the pick
             x = model.item_input(items_x, features)[pick]
-            t = x[:, -1] if model.item_bias else torch.zeros(pick.numel())
+            t = x[:, -1] if model.item_bias else torch.zeros(pick.numel(), device=targets.device)
             if model.item_bias_map is not None:
                 t = t + x[:, : model.dim] @ model.item_bias_map
             (g_pop,) = torch.autograd.grad(torch.mean((pop_bias + t - targets[pick]) ** 2), [pop_bias])
@@ -158,6 +158,6 @@ def pyg_evaluate(model: RatingGNN, state: UserState, data: UserData, item_rows: 
         _, pred = model(batch, torch.from_numpy(state.embedding[None, :]), train_x, query_x,
                         torch.from_numpy(state.neighbours))
         pred = pred + np.float32(state.offset)
-        own = n / (n + personal_shrink) if personal_shrink else 1.0
+        own = n / (n + personal_shrink) if personal_shrink and n else 1.0
         pred = population + own * (pred - population)
     return squared_error_sum(pred.numpy(), data.test_values, low, high)

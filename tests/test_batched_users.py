@@ -17,7 +17,8 @@ from fedrec_flwr.models.rating_gnn import build_model, row_width
 from tests.conftest import fixed_secrets
 
 DELTA = ["local.upload=delta", "local.steps=3", "local.batch_size=7", "local.loss=mean", "local.user_steps=3",
-         "model.user_offset=true", "data.item_features=true", "model.biases=false", "model.heads=2"]
+         "model.user_offset=true", "data.item_features=true", "model.biases=false", "model.heads=2",
+         "model.population_bias=true", "model.user_offset_reg=2"]  # b_pop's clamped step with delta uploads
 # item rows of width d + 1 (the last column b_i), private offsets from each user's own mean, with features and biases
 ITEM_BIAS = ["model.item_bias=true", "model.user_offset=true", "model.user_offset_init=mean", "data.item_features=true",
              "model.biases=true", "local.user_steps=2", "local.steps=2", "local.batch_size=9",

@@ -113,3 +113,11 @@ def test_a_user_s_own_part_counts_by_its_ratings(tmp_path):
 def test_an_offset_shrinkage_without_an_offset_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="model.user_offset_reg"):
         _cfg(tmp_path, "fedgnn_tuned", "model.user_offset_reg=5")
+
+
+@pytest.mark.parametrize("key", ["model.personal_shrink=5", "server_opt.population_lr=0.05"])
+def test_a_population_switch_without_b_pop_is_refused(tmp_path, key):
+    """The own part's weight and b_pop's rate mean nothing without b_pop: the full model's b, which the users' free
+    terms leave near the midpoint, would stand in for the population part."""
+    with pytest.raises(ConfigError, match=key.split("=")[0]):
+        _cfg(tmp_path, "fedgnn_tuned", key)

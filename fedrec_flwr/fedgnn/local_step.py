@@ -210,8 +210,8 @@ class StarBatch:
         """[B]: each user's gradient, for its weights `weights` [B, T] on its rows (1 / |pick| each), of the population
         loss sum w (b_pop + t_i - r)^2 with respect to b_pop (model.population_bias), t_i the item's own terms (w.x_i,
         b_i): b_pop + t_i is then a prediction without the user's terms, what a cold user is given. A mean over the
-        user's pick, not a sum: every user pulls b_pop as one user (a cold user is one), and a heavy rater's pull does
-        not crowd its update's clip."""
+        user's pick, not a sum: a heavy rater's pull does not crowd its update's clip (under user-level DP each
+        user's whole update, this pull included, is still scaled by its clip factor)."""
         with torch.no_grad():
             x = self.item_input(self.items)
             d = self.dim

@@ -242,7 +242,8 @@ def evaluate_user(
     offset) weighted by n / (n + k), n the user's training ratings and k = `personal_shrink` (model.personal_shrink):
     the own part of a user with 3 ratings rests on 3 ratings, and is trusted as much. k = 0: the full prediction. A
     user without training ratings (cold) and without neighbours has nothing of its own but its embedding as drawn:
-    with model.population_bias (a population part trained to stand alone), whatever k, it predicts that part alone.
+    with model.population_bias (a population part trained to stand alone) it predicts that part alone; a cold user
+    with neighbours keeps its full prediction (its neighbours are all it has of its own).
     """
     if data.test_items.size == 0:
         return ErrorSums(0.0, 0.0, 0)
@@ -253,7 +254,7 @@ def evaluate_user(
 
     train_x, query_x = rows(data.train_items).to(device), rows(data.test_items).to(device)
     t = data.train_items.size
-    own = t / (t + personal_shrink) if personal_shrink else 1.0
+    own = t / (t + personal_shrink) if personal_shrink and t else 1.0  # t = 0: its neighbours are its own part
     if t == 0 and state.neighbours.shape[0] == 0 and model.population_bias is not None:
         own = 0.0  # cold and alone, with a population part trained to stand alone
     with torch.no_grad():

@@ -69,8 +69,8 @@ class RatingGNN(nn.Module):
         # public item features enter as x_i = e_i + f_i W; W starts at zero (the paper's model)
         self.item_feature_map = nn.Parameter(torch.zeros(num_item_features, dim)) if num_item_features else None
         # model.population_bias: b_pop, the global bias of the population part only (`models.dense_star.
-        # population_predict`), trained on sum (b_pop + t_i - r)^2 and never in the full prediction. Registered after
-        # the other direct weights: without it, the order of the weights on the wire is what it was
+        # population_predict`), trained on each user's mean (b_pop + t_i - r)^2, never in the full prediction.
+        # Registered after the other direct weights: without it, the order of the weights on the wire is unchanged
         self.population_bias = nn.Parameter(torch.tensor(float(bias_init))) if population_bias else None
 
     def item_input(self, rows: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
