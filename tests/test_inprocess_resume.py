@@ -21,9 +21,10 @@ RESUMABLE = {
                   "privacy.pseudo_sampler=popularity"),
     # no anonymity sets, a noise ledger that must continue
     "user_dp": ("privacy.mode=user_dp", "privacy.target_epsilon=8", "local.loss=sum", "local.batch_size=1000"),
-    # private offsets started at the user's mean, item biases, a decaying Adam
+    # private offsets started at the user's mean, item biases, a decaying Adam, b_pop in a param group of its own
     "biases": ("model.user_offset=true", "model.user_offset_init=mean", "model.item_bias=true", "server_opt.name=adam",
-               "server_opt.lr_decay=0.8"),
+               "server_opt.lr_decay=0.8", "model.population_bias=true", "server_opt.population_lr=0.05",
+               "model.personal_shrink=5", "model.user_offset_reg=5"),
 }
 
 

@@ -183,10 +183,13 @@ class FedGNNServer:
         self.items = torch.nn.Parameter(table.to(self.device))
         params = list(self.model.parameters())
         so = server_opt
-        # server_opt.population_lr: b_pop in a group of its own (one group otherwise, as checkpoints hold it)
+        # server_opt.population_lr: b_pop in a group of its own (one group otherwise, as checkpoints hold it); the
+        # groups keep model.parameters() order, in which a checkpoint's optimiser state is numbered
         pop = self.model.population_bias
-        groups = params if pop is None or not so.population_lr else [
-            {"params": [p for p in params if p is not pop]}, {"params": [pop], "lr": so.population_lr}]
+        at = next((k for k, p in enumerate(params) if p is pop), None)
+        groups = params if at is None or not so.population_lr else [
+            g for g in ({"params": params[:at]}, {"params": [pop], "lr": so.population_lr},
+                        {"params": params[at + 1:]}) if g["params"]]
         if so.name == "adam":
             self.model_opt = torch.optim.Adam(groups, lr=so.lr)
             self.item_opt = torch.optim.SparseAdam([self.items], lr=so.item_rate, betas=(so.item_beta1, 0.999))
