@@ -24,7 +24,7 @@ from fedrec_flwr.data import UserData
 from fedrec_flwr.fedgnn.protocol import RoundConfig
 from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, ready, row_positions, set_weights
-from fedrec_flwr.models.dense_star import DenseStars, dense_predict, per_user_copies
+from fedrec_flwr.models.dense_star import DenseStars, dense_predict, item_own_terms, per_user_copies
 from fedrec_flwr.models.rating_gnn import RatingGNN, row_width
 from fedrec_flwr.privacy import pseudo_gradient_rows
 from fedrec_flwr.privacy.ldp import privatize_flat
@@ -215,12 +215,8 @@ class StarBatch:
         with torch.no_grad():
             x = self.item_input(self.items)
             d = self.dim
-            pop = self.params["population_bias"][:, None].expand_as(self.targets)
-            if "item_bias_map" in self.params:
-                pop = pop + (x[..., :d] * self.params["item_bias_map"][:, None]).sum(-1)
-            if self.item_bias:
-                pop = pop + x[..., d]
-            return 2 * (weights * (pop - self.targets)).sum(1)
+            terms = item_own_terms(x[..., :d], self.params.get("item_bias_map"), x[..., d] if self.item_bias else None)
+            return 2 * (weights * (self.params["population_bias"][:, None] + terms - self.targets)).sum(1)
 
     def gradients(self, loss: torch.Tensor) -> StepGrads:
         """The gradients of `loss` with respect to each user's weights, rows, embedding and (private) offset.

@@ -163,9 +163,16 @@ def population_predict(model: RatingGNN, items: torch.Tensor, item_bias: torch.T
     which the users' free terms leave wherever the run started it. A cold user (no training rating) has only its
     embedding as drawn, whose dot products are noise no training corrected: this is all it can be given."""
     first = model.population_bias if model.population_bias is not None else model.bias
-    pred = first.detach().expand(items.shape[0]).clone()
-    if model.item_bias_map is not None:
-        pred = pred + items @ model.item_bias_map.detach()
+    bias_map = None if model.item_bias_map is None else model.item_bias_map.detach()
+    return first.detach() + item_own_terms(items, bias_map, item_bias)
+
+
+def item_own_terms(items: torch.Tensor, bias_map: torch.Tensor | None, item_bias: torch.Tensor | None) -> torch.Tensor:
+    """t_i = w.x_i + b_i of item inputs [..., T, dim] (either term absent: 0), `bias_map` w [..., dim] per batch:
+    the part of a prediction that belongs to the item alone, shared by the population part and b_pop's gradient."""
+    terms = torch.zeros(items.shape[:-1], dtype=items.dtype, device=items.device)
+    if bias_map is not None:
+        terms = terms + (items * bias_map.unsqueeze(-2)).sum(-1)
     if item_bias is not None:
-        pred = pred + item_bias
-    return pred
+        terms = terms + item_bias
+    return terms
