@@ -39,7 +39,15 @@ LEVERS: dict[str, tuple[list[str], str]] = {
     "no_noise_no_clip": ([*NO_NOISE, "privacy.clip_norm=1e6"], "reference: neither noise nor clip"),
     "no_noise_no_clip_pick_20": ([*NO_NOISE, "privacy.clip_norm=1e6", "local.batch_size=20"],
                                  "reference: neither, every user's update from 20 of its ratings a round"),
+    "public_genres": (["data.item_features=true"], "public item features (ML-100K's 19 genres) mapped into the rows"),
+    "clip_30": (["privacy.clip_norm=30"], "clip C = 30: above most users' update norms (what adaptive clipping "
+                "at a high quantile would pick)"),
+    "no_noise_clip_30": ([*NO_NOISE, "privacy.clip_norm=30"], "reference: the clip C = 30 without noise"),
+    "no_noise_slow": ([*NO_NOISE, "server_opt.lr=0.003", "server_opt.item_lr=0.015", "server_opt.population_lr=0.015"],
+                      "reference: the clip without noise, server rates at 0.3 of the preset's"),
 }
+# levers that need what only some datasets have
+ONLY_ON = {"public_genres": {"ml-100k"}}
 
 
 def main() -> None:
@@ -59,6 +67,8 @@ def main() -> None:
     rows = []
     for dataset in args.datasets:
         for name in args.levers:
+            if dataset not in ONLY_ON.get(name, {dataset}):
+                continue
             extra, what = LEVERS[name]
             key = {"dataset": dataset, "lever": name, "target_epsilon": args.epsilon, "seed": args.seed,
                    "rounds": args.rounds}

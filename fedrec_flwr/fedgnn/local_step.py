@@ -322,9 +322,13 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
         size = flat_model.shape[1]
         uploads = []
         for k, (st, data, rng) in enumerate(zip(states, datas, rngs)):
-            real = batch.rows[k, : batch.counts[k]]
+            real, own_model = batch.rows[k, : batch.counts[k]], flat_model[k]
+            if not (torch.isfinite(real).all() and torch.isfinite(own_model).all()):
+                # a step that overflowed (a download within the bounds can make only the raters of an item overflow)
+                # is sent as no step at all: a non-finite coordinate would pass clip and noise and name its raters
+                real, own_model = torch.zeros_like(real), torch.zeros_like(own_model)
             upload = flat_model.new_empty(size + st.anonymity_ids.size * real.shape[1])  # the wire's order, flat
-            upload[:size] = flat_model[k]
+            upload[:size] = own_model
             rows = upload[size:].view(st.anonymity_ids.size, real.shape[1])
             is_pseudo = np.ones(st.anonymity_ids.size, bool)
             real_at = np.searchsorted(st.anonymity_ids, data.train_items)

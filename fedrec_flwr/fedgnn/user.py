@@ -405,9 +405,12 @@ class FedGNNUser:
         return rng, int(rng.integers(2**62))
 
     def finish_train(self, embedding: np.ndarray, offset: float, server_round: int) -> None:
-        """Keep the round's new private state (embedding and offset) after its local step."""
-        self.state.embedding = np.asarray(embedding, np.float32)
-        self.state.offset = float(offset)
+        """Keep the round's new private state (embedding and offset) after its local step; a step that overflowed
+        (non-finite) leaves the state as it was, as its upload is sent as no step (`local_step.protect`)."""
+        embedding = np.asarray(embedding, np.float32)
+        if np.isfinite(embedding).all() and np.isfinite(offset):
+            self.state.embedding = embedding
+            self.state.offset = float(offset)
         self.store.save(self.user, self.state, server_round)
 
     def evaluate(self, weights: list[np.ndarray], rows: np.ndarray, error_clip: float = float("inf")) -> ErrorSums:
