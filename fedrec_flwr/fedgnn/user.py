@@ -197,7 +197,9 @@ DOWNLOAD_BOUND = 1e6  # no honest model weight or item row comes near it
 def check_download(arrays: list[np.ndarray]) -> None:
     """ValueError unless every value the server sent is finite and within DOWNLOAD_BOUND. Checked before any user's
     data is touched: a NaN or huge value in one item row would otherwise turn exactly the updates (or error sums) of
-    the users who rated it non-finite, which no noise hides; refusing on the download alone reveals nothing."""
+    the users who rated it non-finite, which no noise hides; refusing on the download alone reveals nothing. Values
+    within the bound can still overflow a step (weights scaled up to it): that step is sent as no step
+    (`local_step.protect`) and a NaN prediction is scored as the scale's midpoint (`metrics.clip_to_scale`)."""
     for a in arrays:
         a = np.asarray(a)
         if a.dtype.kind != "f":
