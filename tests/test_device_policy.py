@@ -293,6 +293,69 @@ def test_a_deployed_device_takes_part_only_in_runs_of_its_own_privacy_mode(tmp_p
     assert len(seen) == 1
 
 
+def test_a_deployed_ldp_device_answers_no_plain_evaluation_unless_its_operator_opts_in(tmp_path, caplog):
+    """An LDP device's evaluation reply is its user's exact error sums: a server that sends two evaluation downloads
+    differing only in one item's row learns from them whether the user rated that item (shown here on the device's
+    own code). So a deployed LDP device refuses every evaluation request by its own policy, whatever the run config
+    says, and answers only when its operator opts in (node config privacy-plain-evaluation); the reason stays in
+    the device's log. Training messages pass as before."""
+    from clients.fedgnn import FedGNNClient
+    from fedrec_flwr.config import load_config
+    from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
+    from fedrec_flwr.fedgnn.protocol import PHASE_REGISTER, REGISTER_FIELDS, frame_download, split_users
+    from fedrec_flwr.fedgnn.server import FedGNNServer
+    from fedrec_flwr.fedgnn.user import MemoryStore
+    from fedrec_flwr.flower.client_app import device_guard
+    from fedrec_flwr.privacy.device_secret import DeviceSecret
+
+    # the attack the policy answers: one item's row nudged, and the exact reply moves iff the user rated the item
+    cfg = load_config("fedgnn_paper", "synthetic", [f"data.cache_dir={tmp_path / 'cache'}",
+                                                    f"output_dir={tmp_path / 'out'}", "privacy.pseudo_items=20"])
+    meta = UserPartitions(prepare_partitions(cfg.data)).meta
+    own, test = np.array([2, 5, 9]), np.array([11, 17])
+    data = UserData(3, own, np.array([4.0, 2.0, 5.0], np.float32), test, np.array([3.0, 5.0], np.float32))
+    client = FedGNNClient(cfg, meta, [3], lambda u: data, MemoryStore(), secret=DeviceSecret(bytes(32)))
+    reg, _, _ = client.fit([], {"phase": PHASE_REGISTER, "round": 1})
+    (_, fields), = split_users(reg, REGISTER_FIELDS)
+    ids = np.sort(fields[0])
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
+    table = server.table()
+
+    def reply(nudged: int | None) -> float:
+        rows = table[ids].copy()
+        if nudged is not None:
+            rows[np.searchsorted(ids, nudged)] += 0.01
+        download = frame_download(server.model_weights(), [3], [rows])
+        return client.evaluate(download, {"phase": "train", "round": 2})[2]["sse"]
+
+    base = reply(None)
+    rated = {int(i) for i in ids if reply(int(i)) != base}
+    assert rated == {2, 5, 9, 11, 17}  # every train and test item of the user, and none of its pseudo items
+
+    # the policy: refused by default on a deployed LDP device, answered with the operator's opt-in
+    run_config = {"preset": "fedgnn_paper", "dataset": "synthetic", "data-dir": str(tmp_path), "seed": 0,
+                  "cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "out"), "set": ""}
+    seen = []
+
+    def call_next(msg, context):
+        seen.append(msg)
+        return msg
+
+    evaluate = Message(metadata=Metadata(1, "e", 0, OWN, "", "", time.time(), 600.0, MessageType.EVALUATE),
+                       content=RecordDict())
+    device = {"data-path": str(tmp_path / "user.npz"), "state-dir": str(tmp_path / "dev"), "privacy-mode": "ldp"}
+    with pytest.raises(PolicyRefusal) as refused:
+        device_guard(evaluate, Context(1, OWN, device, RecordDict(), run_config), call_next)
+    assert not seen and "privacy policy" in str(refused.value) and "plain evaluation" in caplog.text
+    device_guard(_message(None, "register"), Context(1, OWN, device, RecordDict(), run_config), call_next)
+    assert len(seen) == 1  # training and registration pass
+    opted_in = {**device, "privacy-plain-evaluation": "true"}
+    device_guard(evaluate, Context(1, OWN, opted_in, RecordDict(), run_config), call_next)
+    assert len(seen) == 2
+    with pytest.raises(DevicePolicyError, match="privacy-plain-evaluation"):
+        DevicePolicy.from_node_config({**device, "privacy-plain-evaluation": "sometimes"})
+
+
 def test_evaluations_leave_only_through_secagg_with_their_own_range_and_charge():
     """A plain evaluation request is refused (it would return exact error sums); an evaluation round is charged as a
     release every user is in (q = 1, sigma_e), and must have been set up with the evaluation's SecAgg+ range."""

@@ -250,6 +250,11 @@ def test_a_download_within_the_bound_cannot_mark_the_users_who_rated_an_item_wit
     assert nonfinite[True] == nonfinite[False] == 0, nonfinite
     kept = rater._user(3)
     assert np.isfinite(kept.state.embedding).all() and np.isfinite(kept.state.offset)
+    # weights only 10x: the rater's step stays finite but its embedding would land near 1e20, which the device would
+    # then send to the neighbour service and carry into every later step; it keeps its state within the bound instead
+    tenfold = [np.array(np.clip(w * 10, -DOWNLOAD_BOUND, DOWNLOAD_BOUND), np.float32) for w in server.model_weights()]
+    rater.fit(frame_download(tenfold, [3], [table[rater_set]]), {"phase": PHASE_TRAIN, "round": 3})
+    assert np.abs(rater._user(3).state.embedding).max() <= DOWNLOAD_BOUND
     train = np.sort(np.array([j, *others]))
     with_test = UserData(3, train, np.full(train.size, 4.0, np.float32), np.array([j, *others]),
                          np.full(4, 4.0, np.float32))

@@ -57,6 +57,9 @@ class DevicePolicy:
     max_popularity_epsilon: float = 4.0  # each bit of the popularity report (popularity-matched sampler)
     min_pseudo_items: int = 1000  # uniform sampler: M
     min_pseudo_ratio: int = 2  # popularity-matched sampler: pseudo items per own item
+    # an LDP device answers plain evaluation requests (its exact error sums) only if its operator opts in: a server that
+    # crafts the evaluation download reads from them which items its user rated and its test ratings
+    plain_evaluation: bool = False
 
     @classmethod
     def from_node_config(cls, node_config) -> "DevicePolicy":
@@ -64,8 +67,9 @@ class DevicePolicy:
         `privacy-min-noise-multiplier`, `privacy-max-clip-norm`, `privacy-min-nodes`, `privacy-min-node-fraction`,
         `privacy-reply-seconds`, `privacy-mode` (`user_dp` unless the operator opts the device into the paper's
         `ldp`, which promises no per-user guarantee), and for LDP devices `privacy-max-ldp-epsilon`,
-        `privacy-max-popularity-epsilon`, `privacy-min-pseudo-items` and `privacy-min-pseudo-ratio` (each optional;
-        `SAFE_DEFAULTS` otherwise). A value out of range raises DevicePolicyError naming it."""
+        `privacy-max-popularity-epsilon`, `privacy-min-pseudo-items`, `privacy-min-pseudo-ratio` and
+        `privacy-plain-evaluation` (true / false; each optional, `SAFE_DEFAULTS` otherwise). A value out of range
+        raises DevicePolicyError naming it."""
         values = {}
         for f in fields(cls):
             if f.name == "min_threshold":
@@ -75,7 +79,9 @@ class DevicePolicy:
                     values["mode"] = str(node_config["privacy-mode"])
                 continue
             key = "privacy-" + f.name.replace("_", "-")
-            if key in node_config:
+            if key in node_config and f.type in (bool, "bool"):
+                values[f.name] = _flag(key, node_config[key])
+            elif key in node_config:
                 try:
                     values[f.name] = int(node_config[key]) if f.type in (int, "int") else float(node_config[key])
                 except (TypeError, ValueError):
@@ -91,7 +97,8 @@ class DevicePolicy:
         least = min(float(noise_multiplier), float(eval_noise_multiplier or noise_multiplier))
         return cls(target, float(privacy.delta), least, float(privacy.clip_norm),
                    SAFE_DEFAULTS.min_nodes, float(privacy.min_node_fraction),
-                   mode=str(getattr(privacy, "mode", DEVICE_DEFAULT_MODE)), reply_seconds=0.0).checked()
+                   mode=str(getattr(privacy, "mode", DEVICE_DEFAULT_MODE)), reply_seconds=0.0,
+                   plain_evaluation=True).checked()
 
     def checked(self) -> "DevicePolicy":
         """This policy, or DevicePolicyError naming the first limit out of its range."""
@@ -152,6 +159,16 @@ class DevicePolicy:
             raise PolicyRefusal(f"the run asks for {privacy.pseudo_items} pseudo items, below this device's "
                                 f"{self.min_pseudo_items}")
 
+    def admit_plain_evaluation(self) -> None:
+        """PolicyRefusal unless this device answers plain evaluation requests (`plain_evaluation`). Its exact error
+        sums are a function of its user's private data with no noise and no limit on how often they are asked: a
+        server that sends two downloads differing in one item's row learns whether the user rated that item, and
+        one whose model is a constant c learns sum |c - r| over the test ratings, which a few values of c decode."""
+        if not self.plain_evaluation:
+            raise PolicyRefusal("this device sends no plain evaluation: its exact error sums would tell a server that "
+                                "crafts the download which items its user rated (node config "
+                                "privacy-plain-evaluation opts in)")
+
     def admit_run(self, noise_multiplier: float, clip_norm: float) -> None:
         """PolicyRefusal unless the run's sigma and C are within this device's limits."""
         if noise_multiplier < self.min_noise_multiplier * (1 - 1e-9):
@@ -169,6 +186,18 @@ class DevicePolicy:
 
 
 SAFE_DEFAULTS = DevicePolicy()
+
+
+def _flag(key: str, value) -> bool:
+    """A node-config switch: a bool, or true / false / 1 / 0 as text; DevicePolicyError naming `key` otherwise."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1"):
+        return True
+    if text in ("false", "0"):
+        return False
+    raise DevicePolicyError(f"node config {key} = {value!r} is not true or false")
 
 
 def floor_nodes(min_node_fraction: float, run_nodes: int, min_nodes: int = SAFE_DEFAULTS.min_nodes) -> int:

@@ -322,26 +322,35 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
         size = flat_model.shape[1]
         uploads = []
         for k, (st, data, rng) in enumerate(zip(states, datas, rngs)):
-            real, own_model = batch.rows[k, : batch.counts[k]], flat_model[k]
-            if not (torch.isfinite(real).all() and torch.isfinite(own_model).all()):
-                # a step that overflowed (a download within the bounds can make only the raters of an item overflow)
-                # is sent as no step at all: a non-finite coordinate would pass clip and noise and name its raters
-                real, own_model = torch.zeros_like(real), torch.zeros_like(own_model)
-            upload = flat_model.new_empty(size + st.anonymity_ids.size * real.shape[1])  # the wire's order, flat
-            upload[:size] = own_model
-            rows = upload[size:].view(st.anonymity_ids.size, real.shape[1])
-            is_pseudo = np.ones(st.anonymity_ids.size, bool)
-            real_at = np.searchsorted(st.anonymity_ids, data.train_items)
-            is_pseudo[real_at] = False
-            rows[torch.from_numpy(real_at).to(rows.device)] = real  # both in ascending item-id order
-            rows[torch.from_numpy(np.flatnonzero(is_pseudo)).to(rows.device)] = pseudo_gradient_rows(
-                rng, real, st.anonymity_ids.size - real_at.size)  # from the user's secure stream, as the noise
+            real = batch.rows[k, : batch.counts[k]]
+            upload = _merged(st, data, rng, flat_model[k], real)
+            if not torch.isfinite(upload).all():
+                # a step that overflowed, or pseudo rows fitted to a huge one (a download within the bounds can do it to
+                # the raters of an item alone), is sent as no step: a non-finite value would pass clip and noise
+                upload = _merged(st, data, rng, torch.zeros_like(flat_model[k]), torch.zeros_like(real))
             if p.ldp:  # one draw for the whole upload, model gradients first
                 privatize_flat(upload, p.clip_delta, p.noise_lambda, rng)
             flat = upload.cpu().numpy()
             parts = [flat[start:end].reshape(shape) for shape, start, end in zip(shapes, [0, *ends[:-1]], ends)]
-            uploads.append([*parts, st.anonymity_ids.copy(), flat[size:].reshape(tuple(rows.shape))])
+            uploads.append([*parts, st.anonymity_ids.copy(), flat[size:].reshape(st.anonymity_ids.size, real.shape[1])])
     return uploads
+
+
+def _merged(st: UserState, data: UserData, rng: np.random.Generator, own_model: torch.Tensor,
+            real: torch.Tensor) -> torch.Tensor:
+    """One user's upload before its noise, flat in the wire's order: its model part, then the rows of its anonymity
+    set, the real rows where it rated and pseudo rows fitted to them (from its secure stream) elsewhere."""
+    size = own_model.numel()
+    upload = own_model.new_empty(size + st.anonymity_ids.size * real.shape[1])
+    upload[:size] = own_model
+    rows = upload[size:].view(st.anonymity_ids.size, real.shape[1])
+    is_pseudo = np.ones(st.anonymity_ids.size, bool)
+    real_at = np.searchsorted(st.anonymity_ids, data.train_items)
+    is_pseudo[real_at] = False
+    rows[torch.from_numpy(real_at).to(rows.device)] = real  # both in ascending item-id order
+    rows[torch.from_numpy(np.flatnonzero(is_pseudo)).to(rows.device)] = pseudo_gradient_rows(
+        rng, real, st.anonymity_ids.size - real_at.size)  # from the user's secure stream, as the noise
+    return upload
 
 
 def _as_batch(step: LocalStep, device: torch.device) -> StepBatch:

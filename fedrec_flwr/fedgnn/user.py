@@ -407,10 +407,12 @@ class FedGNNUser:
         return rng, int(rng.integers(2**62))
 
     def finish_train(self, embedding: np.ndarray, offset: float, server_round: int) -> None:
-        """Keep the round's new private state (embedding and offset) after its local step; a step that overflowed
-        (non-finite) leaves the state as it was, as its upload is sent as no step (`local_step.protect`)."""
+        """Keep the round's new private state (embedding and offset) after its local step. A step that overflowed or
+        left the state past DOWNLOAD_BOUND (a download within the bounds can do it to the raters of an item alone)
+        leaves the state as it was: the state is sent to the neighbour service and feeds every later step."""
         embedding = np.asarray(embedding, np.float32)
-        if np.isfinite(embedding).all() and np.isfinite(offset):
+        within = np.abs(embedding).max(initial=0.0) <= DOWNLOAD_BOUND and abs(offset) <= DOWNLOAD_BOUND
+        if np.isfinite(embedding).all() and np.isfinite(offset) and within:
             self.state.embedding = embedding
             self.state.offset = float(offset)
         self.store.save(self.user, self.state, server_round)

@@ -297,6 +297,8 @@ def device_guard(msg, context: Context, call_next):
 
 def _device_policy(msg, context: Context, call_next):
     """`device_guard`'s checks, then the rest of the ClientApp."""
+    from flwr.app.message_type import MessageType
+
     from fedrec_flwr.fedgnn.device_policy import DevicePolicy
 
     cfg = _config(_key(context))
@@ -304,7 +306,10 @@ def _device_policy(msg, context: Context, call_next):
         return call_next(msg, context)
     mode = privacy_mode(cfg.privacy.mode).device(cfg.privacy)
     if _deployed(context.node_config):
-        mode.admit(DevicePolicy.from_node_config(context.node_config))
+        policy = DevicePolicy.from_node_config(context.node_config)
+        mode.admit(policy)
+        if msg.metadata.message_type == MessageType.EVALUATE and mode.plain_evaluation:
+            policy.admit_plain_evaluation()
     if not mode.needs_terms:
         return call_next(msg, context)
     return _GUARD(msg, context, call_next)
