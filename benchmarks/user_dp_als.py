@@ -129,7 +129,8 @@ def main() -> None:
     ap.add_argument("--no-noise", action="store_true", help="reference: the same releases without noise")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    doc = {"command": "python -m benchmarks.user_dp_als", "date": date.today().isoformat(), "grid": GRID,
+    doc = {"command": "python -m benchmarks.user_dp_als --data-dir DATA" + (" --no-noise" if args.no_noise else ""),
+           "date": date.today().isoformat(), "grid": GRID,
            "user_reg": USER_REG, "factor_norm": FACTOR_NORM, "cells": []}
     rows = []
     epsilons = [float("inf")] if args.no_noise else args.epsilons

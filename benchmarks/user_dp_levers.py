@@ -45,6 +45,11 @@ LEVERS: dict[str, tuple[list[str], str]] = {
     "no_noise_clip_30": ([*NO_NOISE, "privacy.clip_norm=30"], "reference: the clip C = 30 without noise"),
     "no_noise_slow": ([*NO_NOISE, "server_opt.lr=0.003", "server_opt.item_lr=0.015", "server_opt.population_lr=0.015"],
                       "reference: the clip without noise, server rates at 0.3 of the preset's"),
+    "slow": (["server_opt.lr=0.003", "server_opt.item_lr=0.015", "server_opt.population_lr=0.015"],
+             "server rates at 0.3 of the preset's, with the noise"),
+    "slow_200_rounds": (["server_opt.lr=0.003", "server_opt.item_lr=0.015", "server_opt.population_lr=0.015",
+                         "federation.rounds=200", "federation.eval_every=200"],
+                        "server rates at 0.3 of the preset's over 200 rounds (sigma calibrated to them)"),
 }
 # levers that need what only some datasets have
 ONLY_ON = {"public_genres": {"ml-100k"}}
