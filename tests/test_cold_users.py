@@ -119,5 +119,6 @@ def test_an_offset_shrinkage_without_an_offset_is_refused(tmp_path):
 def test_a_population_switch_without_b_pop_is_refused(tmp_path, key):
     """The own part's weight and b_pop's rate mean nothing without b_pop: the full model's b, which the users' free
     terms leave near the midpoint, would stand in for the population part."""
+    without = ("model.population_bias=false", "model.personal_shrink=0", "server_opt.population_lr=0")
     with pytest.raises(ConfigError, match=key.split("=")[0]):
-        _cfg(tmp_path, "fedgnn_tuned", key)
+        _cfg(tmp_path, "fedgnn_tuned", *without, key)

@@ -39,6 +39,23 @@ def _message(stage: str | None, phase: str = "train", **configs) -> Message:
     return Message(metadata=metadata, content=content)
 
 
+def _paper_run(tmp_path, overrides: str = "") -> dict:
+    """The run config of a `fedgnn_paper` run on synthetic data, as a server would send it."""
+    return {"preset": "fedgnn_paper", "dataset": "synthetic", "data-dir": str(tmp_path), "seed": 0,
+            "cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "out"), "set": overrides}
+
+
+def _recorder():
+    """(seen, call_next): a ClientApp stand-in that records every message a mod lets through."""
+    seen = []
+
+    def call_next(msg, context):
+        seen.append(msg)
+        return msg
+
+    return seen, call_next
+
+
 def _setup(n: int, threshold: int, terms: DeviceTerms, **changed) -> Message:
     honest = {Key.SHARE_NUMBER: n, Key.SAMPLE_NUMBER: n, Key.THRESHOLD: threshold, Key.MAX_WEIGHT: 1.0,
               Key.MOD_RANGE: 2**32, Key.CLIPPING_RANGE: terms.clipping_range,
@@ -273,14 +290,8 @@ def test_a_deployed_device_takes_part_only_in_runs_of_its_own_privacy_mode(tmp_p
     the device refused (Flower hands it the exception's text); the reason stays in the device's log."""
     from fedrec_flwr.flower.client_app import device_guard
 
-    run_config = {"preset": "fedgnn_paper", "dataset": "synthetic", "data-dir": str(tmp_path), "seed": 0,
-                  "cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "out"), "set": "privacy.ldp=false"}
-    seen = []
-
-    def call_next(msg, context):
-        seen.append(msg)
-        return msg
-
+    run_config = _paper_run(tmp_path, "privacy.ldp=false")
+    seen, call_next = _recorder()
     device = {"data-path": str(tmp_path / "user.npz"), "state-dir": str(tmp_path / "dev")}
     with pytest.raises(PolicyRefusal) as refused:
         device_guard(_message(None, "register"), Context(1, OWN, device, RecordDict(), run_config), call_next)
@@ -333,14 +344,8 @@ def test_a_deployed_ldp_device_answers_no_plain_evaluation_unless_its_operator_o
     assert rated == {2, 5, 9, 11, 17}  # every train and test item of the user, and none of its pseudo items
 
     # the policy: refused by default on a deployed LDP device, answered with the operator's opt-in
-    run_config = {"preset": "fedgnn_paper", "dataset": "synthetic", "data-dir": str(tmp_path), "seed": 0,
-                  "cache-dir": str(tmp_path / "cache"), "output-dir": str(tmp_path / "out"), "set": ""}
-    seen = []
-
-    def call_next(msg, context):
-        seen.append(msg)
-        return msg
-
+    run_config = _paper_run(tmp_path)
+    seen, call_next = _recorder()
     evaluate = Message(metadata=Metadata(1, "e", 0, OWN, "", "", time.time(), 600.0, MessageType.EVALUATE),
                        content=RecordDict())
     device = {"data-path": str(tmp_path / "user.npz"), "state-dir": str(tmp_path / "dev"), "privacy-mode": "ldp"}
