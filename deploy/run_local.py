@@ -287,7 +287,9 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
                 # items they accept (20: the test's 60-item catalogue), and this demo's opt-in to plain evaluation
                 # (its exact error sums go to the server, which the operator here also runs; off by default)
                 node_config += (f" neighbour-service='127.0.0.1:{service}' neighbour-ca-file='{certs / 'ca.crt'}'"
-                                " privacy-min-pseudo-items=20 privacy-plain-evaluation='true'")
+                                " privacy-min-pseudo-items=20")
+                if preset != "fedgnn_user_dp":
+                    node_config += " privacy-plain-evaluation='true'"
             # only the never-registered node gives up (it is refused at activation); the others retry as long
             # as Flower's default, so a SuperLink slowed by a loaded machine does not lose a device
             give_up = ["--max-retries", "3", "--max-wait-time", "30"] if i == nodes else []

@@ -16,8 +16,8 @@ class ErrorSums(NamedTuple):
 
 
 def clip_to_scale(pred: np.ndarray, low: float, high: float) -> np.ndarray:
-    """Predictions clipped to the dataset's rating range; a NaN one (a model that overflowed) is the range's midpoint,
-    so that what a device reports never says which of its ratings made its model overflow."""
+    """Predictions clipped to the dataset's rating range; a NaN one (a model that overflowed) is the range's midpoint
+    and +-inf its ends, so that the error sums a device reports stay finite."""
     return np.clip(np.where(np.isnan(pred), (low + high) / 2, pred), low, high)
 
 
