@@ -32,12 +32,12 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
-from dp_accounting import dp_event, rdp
 from scipy import sparse
 
 from benchmarks.common import add_data_dir, markdown_table
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.accounting import gaussian_releases_sigma
 from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.metrics import rmse
 
@@ -45,18 +45,6 @@ OUT = Path("benchmarks/results/user_dp_als.json")
 GRID = {"rank": (0, 2, 5), "releases": (1, 2, 3), "lam": (0.5, 2.0, 5.0, 20.0), "alpha": (0.3, 1.0), "c": (2.0,)}
 USER_REG = 5.0  # the device's ridge on (u, b_u), as the bias model shrinks a user bias (k = 5 pseudo-ratings)
 FACTOR_NORM = 1.0  # Gamma_u: every user's factor u is clipped to this norm before it enters a release
-
-
-def composed_sigma(epsilon: float, releases: int, delta: float = 1e-5) -> float:
-    """The noise multiplier of `releases` Gaussian releases spending `epsilon` together at `delta` (RDP), by
-    bisection on dp-accounting's accountant."""
-    lo, hi = 0.05, 500.0
-    for _ in range(60):
-        mid = (lo * hi) ** 0.5
-        acc = rdp.RdpAccountant()
-        acc.compose(dp_event.GaussianDpEvent(mid), releases)
-        lo, hi = (mid, hi) if acc.get_epsilon(delta) > epsilon else (lo, mid)
-    return hi
 
 
 def _indicator(index: np.ndarray, size: int) -> sparse.csr_matrix:
@@ -141,7 +129,7 @@ def main() -> None:
             for rank in GRID["rank"]:
                 best = None
                 for releases, lam, alpha, c in itertools.product(*list(GRID.values())[1:]):
-                    sigma = 0.0 if args.no_noise else composed_sigma(eps, releases)
+                    sigma = 0.0 if args.no_noise else gaussian_releases_sigma(releases, eps)
                     score = float(np.mean([als_rmse(ds, rank, releases, lam, alpha, c, sigma,
                                                     np.random.default_rng(s)) for s in range(args.seeds)]))
                     if best is None or score < best[0]:

@@ -25,28 +25,17 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
-from dp_accounting import dp_event, rdp
 
 from benchmarks.common import add_data_dir, markdown_table
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.accounting import gaussian_releases_sigma
 from fedrec_flwr.fsutil import atomic_write
 from fedrec_flwr.metrics import rmse
 
 OUT = Path("benchmarks/results/user_dp_bias_release.json")
 GRID = {"c": (0.25, 0.5, 1.0), "alpha": (0.5, 1.0), "lam": (0.5, 2.0, 5.0, 20.0, 100.0), "p": (0.0, 0.5, 1.0)}
 USER_REG = 5.0  # the offset's shrinkage, as the bias model's
-
-
-def gaussian_sigma(epsilon: float, delta: float = 1e-5) -> float:
-    """The noise multiplier of one Gaussian release spending `epsilon` at `delta` (RDP, dp-accounting), by bisection."""
-    lo, hi = 0.05, 500.0
-    for _ in range(60):
-        mid = (lo * hi) ** 0.5
-        acc = rdp.RdpAccountant()
-        acc.compose(dp_event.GaussianDpEvent(mid))
-        lo, hi = (mid, hi) if acc.get_epsilon(delta) > epsilon else (lo, mid)
-    return hi
 
 
 def released_bias_rmse(ds, sigma: float, c: float, alpha: float, lam: float, p: float,
@@ -89,7 +78,7 @@ def main() -> None:
         cfg = load_config("fedgnn_user_dp", name, [f"data.data_dir={args.data_dir}"])
         ds = UserPartitions(prepare_partitions(cfg.data)).ratings()
         for eps in args.epsilons:
-            sigma = gaussian_sigma(eps)
+            sigma = gaussian_releases_sigma(1, eps)
             best = None
             for c, alpha, lam, p in itertools.product(*GRID.values()):
                 score = float(np.mean([released_bias_rmse(ds, sigma, c, alpha, lam, p, np.random.default_rng(s))

@@ -253,6 +253,13 @@ def run_eval_noise_multiplier(privacy, rounds: int, eval_every: int) -> float:
                                 float(privacy.eval_budget_share) * float(privacy.target_epsilon), float(privacy.delta))
 
 
+def gaussian_releases_sigma(releases: int, epsilon: float, delta: float = 1e-5) -> float:
+    """The noise multiplier of `releases` Gaussian releases (no subsampling: every user in each) that together spend
+    `epsilon` at `delta`, add or remove one user (RDP, dp-accounting's calibration): the released evaluations' sigma,
+    and what a benchmark of one-shot releases calibrates to."""
+    return _calibrated_gaussian(releases, float(epsilon), float(delta))
+
+
 @lru_cache(maxsize=64)
 def _calibrated_gaussian(releases: int, epsilon: float, delta: float) -> float:
     import dp_accounting
