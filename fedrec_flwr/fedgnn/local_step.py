@@ -326,8 +326,10 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
             upload = _merged(st, data, rng, flat_model[k], real)
             if not torch.isfinite(upload).all():
                 # a step that overflowed, or pseudo rows fitted to a huge one (a download within the bounds can do it to
-                # the raters of an item alone), is sent as no step: a non-finite value would pass clip and noise
-                upload = _merged(st, data, rng, torch.zeros_like(flat_model[k]), torch.zeros_like(real))
+                # the raters of an item alone), is sent as no step: a non-finite value would pass clip and noise. No
+                # step is all zeros (pseudo rows fitted to zero rows are zero), filled in place: a second merge would
+                # take a pseudo-row draw longer, and the server could time which users overflowed
+                upload.zero_()
             if p.ldp:  # one draw for the whole upload, model gradients first
                 privatize_flat(upload, p.clip_delta, p.noise_lambda, rng)
             flat = upload.cpu().numpy()
