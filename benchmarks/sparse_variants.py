@@ -117,14 +117,15 @@ def main() -> None:
         "command": "python -m benchmarks.sparse_variants", "machine": platform.processor() or platform.machine(),
         "date": date.today().isoformat(), "cells": []}
     def key(c: dict) -> tuple:
-        return c["dataset"], c["train_per_user"], tuple(c.get("set", []))
+        return (c["dataset"], c["train_per_user"], tuple(c.get("set", [])), c.get("model"),
+                c.get("seed") if c.get("model") else None)
 
     done = {key(c) for c in doc["cells"]}
     print("| dataset | per user | group | users | test ratings | global mean | user mean | item mean | bias | model |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.datasets:
         for target in args.targets:
-            want = (name, target, tuple(args.extra))
+            want = (name, target, tuple(args.extra), args.model, args.seed if args.model else None)
             if want not in done:
                 doc["cells"].append(cell(name, args.data_dir, target, args.cold, args.model, args.seed, args.extra))
                 path.write_text(json.dumps(doc, indent=1) + "\n")

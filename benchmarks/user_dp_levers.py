@@ -50,6 +50,8 @@ LEVERS: dict[str, tuple[list[str], str]] = {
     "slow_200_rounds": (["server_opt.lr=0.003", "server_opt.item_lr=0.015", "server_opt.population_lr=0.015",
                          "federation.rounds=200", "federation.eval_every=200"],
                         "server rates at 0.3 of the preset's over 200 rounds (sigma calibrated to them)"),
+    "all_users": (["federation.clients_per_round=1000000"],
+                  "every user in every round (q = 1): no sampling amplification, all N users in each release"),
 }
 # levers that need what only some datasets have
 ONLY_ON = {"public_genres": {"ml-100k"}}
