@@ -73,8 +73,10 @@ def model_label(cell: dict) -> str:
 
 def combined_table(paths: list[Path]) -> str:
     """One Markdown table of the records in `paths`: a row per (variant, user group) with its baselines, a column
-    per model (preset and overrides) holding its RMSE on the same test ratings."""
-    cells = [c for path in paths for c in json.loads(path.read_text())["cells"] if c.get("model")]
+    per model (preset and overrides) holding its RMSE on the same test ratings, at run seed 0 (the cells of other
+    seeds are in the records)."""
+    cells = [c for path in paths for c in json.loads(path.read_text())["cells"]
+             if c.get("model") and c.get("seed", 0) == 0]
     models = list(dict.fromkeys(model_label(c) for c in cells))
     rows: dict[tuple, dict] = {}
     for c in cells:
@@ -117,7 +119,7 @@ def main() -> None:
         "command": "python -m benchmarks.sparse_variants", "machine": platform.processor() or platform.machine(),
         "date": date.today().isoformat(), "cells": []}
     def key(c: dict) -> tuple:
-        return (c["dataset"], c["train_per_user"], tuple(c.get("set", [])), c.get("model"),
+        return (c["dataset"], c["train_per_user"], c["cold_fraction"], tuple(c.get("set", [])), c.get("model"),
                 c.get("seed") if c.get("model") else None)
 
     done = {key(c) for c in doc["cells"]}
@@ -125,7 +127,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.datasets:
         for target in args.targets:
-            want = (name, target, tuple(args.extra), args.model, args.seed if args.model else None)
+            want = (name, target, args.cold if target else 0.0, tuple(args.extra), args.model,
+                    args.seed if args.model else None)
             if want not in done:
                 doc["cells"].append(cell(name, args.data_dir, target, args.cold, args.model, args.seed, args.extra))
                 path.write_text(json.dumps(doc, indent=1) + "\n")

@@ -428,3 +428,29 @@ def test_a_deployed_device_computes_as_long_whatever_its_coins_say_and_adds_only
     assert stores[0].keys() == stores[1].keys()  # only sampled users keep a new state
     for u in stores[0]:  # batched with other users: the same arithmetic up to float32 reassociation
         np.testing.assert_allclose(stores[0][u], stores[1][u], rtol=1e-5, atol=1e-7)
+
+
+def test_when_every_user_is_asked_the_sum_check_allows_exactly_the_runs_users_and_no_more():
+    """q = 1 (the preset on datasets of up to 4,096 users): the sampled count is N, not a Poisson count, so the
+    check's signal budget is N clipped updates. A device adding one more user's aligned clipped update on top of N
+    aligned honest ones is refused, where the Poisson tail (N + 6 sqrt(N)) would have let ~6 sqrt(N) of them in."""
+    from fedrec_flwr.fedgnn.user_dp import sample_count_bound
+
+    n = 943
+    assert sample_count_bound(float(n), n) == n
+    assert sample_count_bound(float(n)) > n + 6 * np.sqrt(n) - 1  # without N: the Poisson tail
+    assert 512 < sample_count_bound(512.0, 3000) < 512 + 6 * np.sqrt(512)  # sampled rounds: a binomial tail
+    assert sample_count_bound(2999.0, 3000) <= 3000
+    rng = np.random.default_rng(3)
+    d, std = 60_000, 1.1
+    shapes, table = [(8,)], (d // 8 - 1, 8)
+
+    def check(v: np.ndarray):
+        return check_sum([v[:8], v[8:].reshape(table)], shapes, table, 1.0, std, float(n), None, n)
+
+    honest = _honest_sum(rng, d, n, std, True)  # all N users, all aligned: the largest honest signal
+    check(honest)
+    forged = honest + 40.0 * np.ones(d) / np.sqrt(d)  # 40 more aligned clipped updates than the run has users
+    with pytest.raises(UploadRejected, match="outside"):
+        check(forged)
+    check_sum([forged[:8], forged[8:].reshape(table)], shapes, table, 1.0, std, float(n))  # the Poisson tail's pass

@@ -167,7 +167,7 @@ def _run(cfg, parts: UserPartitions, recorder: RunRecorder | None, baselines_of,
     groups = user_group_errors(server, users, user, parts, meta.dataset_scale.unit_factor) if by_group else None
     return {"by_user_group": groups, "rmse": history[-1].get("rmse"),
             "median_round_seconds": float(np.median(train_secs)),
-            "clients_per_second": cfg.federation.clients_per_round / float(np.median(train_secs)),
+            "clients_per_second": min(cfg.federation.clients_per_round, meta.num_users) / float(np.median(train_secs)),
             "wall_seconds": wall, "uploads_per_user": rounds.upload_counts(),
             "rejected": sum(h.get("rejected", 0) for h in history), "rounds_not_applied": rounds.rounds_not_applied,
             "eval_ratings": history[-1].get("eval_ratings", rounds.final["eval_ratings"]),

@@ -362,7 +362,9 @@ class UserDPAccountant:
         """What every user has spent so far: the same for all (each is in every round with probability q)."""
         at_n = 1.0 / max(self.num_users, 1)
         return {"mode": "user_dp", "neighbouring": "add or remove one user with all its ratings",
-                "mechanism": "Poisson-subsampled Gaussian on the sum of clipped user updates (RDP, dp-accounting)",
+                "mechanism": ("Gaussian on the sum of every user's clipped update (q = 1; RDP, dp-accounting)"
+                              if self.q >= 1.0 else
+                              "Poisson-subsampled Gaussian on the sum of clipped user updates (RDP, dp-accounting)"),
                 "sample_rate": self.q, "noise_multiplier": self.sigma, "clip_norm": self.clip_norm,
                 "rounds": self.rounds, "target_epsilon": self.target_epsilon, "delta": self.delta,
                 "evaluations": sum(self.evaluations.values()), "eval_noise_multiplier": self.eval_sigma,

@@ -230,10 +230,11 @@ def sum_norm_bounds(coordinates: int, users: float, clip_norm: float, noise_std:
 
 def check_sum(arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], table_shape: tuple[int, int],
               clip_norm: float, noise_std: float, expected_users: float,
-              least_noise_std: float | None = None) -> list[np.ndarray]:
+              least_noise_std: float | None = None, num_users: int | None = None) -> list[np.ndarray]:
     """The unmasked sum of a user-DP round as float32 arrays, or UploadRejected when no honest round could give it:
     wrong arrays or shapes, non-finite values, or a squared L2 norm outside `sum_norm_bounds` for the sampled users
-    (at most C each, their count far into its Poisson tail) and the round's noise (at least `least_noise_std`)."""
+    (at most C each, their count far into its binomial tail, never more than `num_users`) and the round's noise (at
+    least `least_noise_std`)."""
     shapes = [*model_shapes, table_shape]
     if len(arrays) != len(shapes):
         raise UploadRejected(f"the aggregate has {len(arrays)} arrays, expected {len(shapes)} (model, item table)")
@@ -248,7 +249,7 @@ def check_sum(arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], tab
             raise UploadRejected(f"aggregate array {i} holds NaN/Inf")
         out.append(a.reshape(shape))
     squared = math.fsum(float(np.square(a, dtype=np.float64).sum()) for a in out)
-    users = sample_count_bound(expected_users)
+    users = sample_count_bound(expected_users, num_users)
     low, high = sum_norm_bounds(sum(a.size for a in out), users, clip_norm, noise_std, least_noise_std)
     if not low <= squared <= high:
         raise UploadRejected(f"the aggregate's L2 norm {math.sqrt(squared):.6g} is outside the [{math.sqrt(low):.6g}, "
@@ -257,6 +258,11 @@ def check_sum(arrays: list[np.ndarray], model_shapes: list[tuple[int, ...]], tab
     return out
 
 
-def sample_count_bound(expected_users: float) -> float:
-    """The most users an honest round samples: its Poisson count q N, six deviations out."""
-    return expected_users + 6.0 * math.sqrt(max(expected_users, 1.0))
+def sample_count_bound(expected_users: float, num_users: int | None = None) -> float:
+    """The most users an honest round samples: q N six deviations out. With the run's `num_users` N the count is
+    binomial (std sqrt(q N (1 - q))) and at most N, so every user in every round (q = 1) allows exactly N; without
+    it, the Poisson deviation sqrt(q N)."""
+    if num_users is None:
+        return expected_users + 6.0 * math.sqrt(max(expected_users, 1.0))
+    q = min(max(expected_users / max(num_users, 1), 0.0), 1.0)
+    return min(float(num_users), expected_users + 6.0 * math.sqrt(expected_users * (1.0 - q)))

@@ -92,7 +92,7 @@ ROWS: tuple[Row, ...] = (
         dataset="ML-100K (u1)", metric="test RMSE after 1,000 rounds", source="fedgnn_features.json",
         where={"dataset": "ml-100k", "privacy": True, "rounds": 1000, "sampler": "popularity"}, value="final.rmse",
         paper="0.920 / 0.910 (FedGNN / FedPerGNN, ids only, with privacy)",
-        budget=FEDGNN_LDP_MATCHED + ", measured with draws seeded by the run (same distributions)",
+        budget=FEDGNN_LDP_SECRET,
         command="fedrec run --preset fedgnn_features --dataset ml-100k --data-dir DATA --seed S",
         readme=True),
     Row(algorithm="FedGNN, `fedgnn_tuned` (GGNN + biases, ids only)", dataset="Douban (sRGCNN 3000 x 3000)",

@@ -175,7 +175,7 @@ class Server(ServerMechanism):
                 least = self.ledger.sigma * math.sqrt(nodes / max(r.bindings.run_nodes, 1)) * r.privacy.clip_norm
                 *model, table = check_sum(summed, r.server.model_shapes, (r.server.num_items, r.server.row_width),
                                           r.privacy.clip_norm, sigma * r.privacy.clip_norm,
-                                          self.expected_users(), least)
+                                          self.expected_users(), least, r.bindings.num_users)
                 applied = reporting_users >= r.federation.min_clients
             except UploadRejected as exc:
                 r.reject(logical_round, f"aggregate refused: {exc}")
