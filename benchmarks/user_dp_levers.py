@@ -50,6 +50,10 @@ LEVERS: dict[str, tuple[list[str], str]] = {
     "slow_200_rounds": (["server_opt.lr=0.003", "server_opt.item_lr=0.015", "server_opt.population_lr=0.015",
                          "federation.rounds=200", "federation.eval_every=200"],
                         "server rates at 0.3 of the preset's over 200 rounds (sigma calibrated to them)"),
+    "slow_200_rounds_all_users": (["federation.clients_per_round=4096", "server_opt.lr=0.003",
+                                   "server_opt.item_lr=0.015", "server_opt.population_lr=0.015",
+                                   "federation.rounds=200", "federation.eval_every=200"],
+                                  "every user in every round with server rates at 0.3 of the preset's over 200 rounds"),
     "all_users": (["federation.clients_per_round=1000000"],
                   "every user in every round (q = 1): no sampling amplification, all N users in each release"),
 }
