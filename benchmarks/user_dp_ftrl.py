@@ -111,22 +111,12 @@ class TreeNoise:
 def tree_noise_multiplier(k: int, epochs: int, epsilon: float, delta: float = DELTA,
                           eval_sigma: float | None = None) -> float:
     """sigma of each tree node such that E restarted trees of k rounds, beside the run's released evaluation (at
-    `eval_sigma`; the preset's when None), spend `epsilon` at `delta`, add or remove one user (dp-accounting's
-    calibration on its RDP accountant; each tree one Gaussian of multiplier sigma / sqrt(depth))."""
-    import dp_accounting
-    from dp_accounting import mechanism_calibration, rdp
-
-    _quiet_absl()
+    `eval_sigma`; the preset's when None), spend `epsilon` at `delta`, add or remove one user: each tree is one
+    Gaussian release of multiplier sigma / sqrt(depth), so sigma is sqrt(depth) times the multiplier of E plain
+    Gaussian releases beside the evaluation (the project's calibration, `accounting.calibrate_noise_multiplier` at
+    q = 1)."""
     eval_sigma = gaussian_releases_sigma(1, EVAL_SHARE * epsilon, delta) if eval_sigma is None else eval_sigma
-    root = math.sqrt(tree_depth(k))
-
-    def event(sigma: float):
-        trees = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(sigma / root), epochs)
-        return dp_accounting.ComposedDpEvent([trees, dp_accounting.GaussianDpEvent(eval_sigma)])
-
-    return float(mechanism_calibration.calibrate_dp_mechanism(
-        lambda: rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE), event,
-        epsilon, delta, mechanism_calibration.LowerEndpointAndGuess(0.05, 1.0), tol=1e-4))
+    return math.sqrt(tree_depth(k)) * calibrate_noise_multiplier(1.0, epochs, epsilon, delta, 1, eval_sigma)
 
 
 def check_against_dp_accounting() -> float:
@@ -157,12 +147,12 @@ def check_tree(max_rounds: int = 130) -> None:
     """AssertionError unless, for every tree of up to `max_rounds` rounds: each prefix is covered by disjoint dyadic
     nodes, one per set bit; a leaf sits in at most depth of the nodes a prefix uses (the sensitivity the accounting
     charges); and the rounds' noises the server derives add up to the released prefix's noise."""
-    for k in range(1, max_rounds + 1):
-        used = set()
-        for t in range(k + 1):
-            leaves = [leaf for level, index in prefix_nodes(t) for leaf in range(index << level, (index + 1) << level)]
-            assert sorted(leaves) == list(range(t)) and len(prefix_nodes(t)) == t.bit_count(), (k, t)
-            used.update(prefix_nodes(t))
+    used: set[tuple[int, int]] = set()  # the nodes the prefixes 1..k use, grown with k
+    for k in range(max_rounds + 1):
+        nodes = prefix_nodes(k)
+        leaves = [leaf for level, index in nodes for leaf in range(index << level, (index + 1) << level)]
+        assert sorted(leaves) == list(range(k)) and len(nodes) == k.bit_count(), k
+        used.update(nodes)
         for leaf in range(k):
             assert sum(index << level <= leaf < (index + 1) << level for level, index in used) <= tree_depth(k), k
     tree = TreeNoise([(3,), (2, 2)], 1.5, np.random.default_rng(0))

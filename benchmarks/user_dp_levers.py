@@ -24,6 +24,8 @@ from fedrec_flwr.fsutil import atomic_write
 
 OUT = Path("benchmarks/results/user_dp_levers.json")
 NO_NOISE = ["privacy.noise_multiplier=1e-6", "privacy.target_epsilon=0", "privacy.eval_noise_multiplier=1e-6"]
+SLOW = ["server_opt.lr=0.003", "server_opt.item_lr=0.015", "server_opt.population_lr=0.015"]  # 0.3 of the preset's
+SLOW_200 = [*SLOW, "federation.rounds=200", "federation.eval_every=200"]
 # name -> (config overrides of fedgnn_user_dp, what the lever tries)
 LEVERS: dict[str, tuple[list[str], str]] = {
     "preset": ([], "fedgnn_user_dp as shipped"),
@@ -43,16 +45,13 @@ LEVERS: dict[str, tuple[list[str], str]] = {
     "clip_30": (["privacy.clip_norm=30"], "clip C = 30: above most users' update norms (what adaptive clipping "
                 "at a high quantile would pick)"),
     "no_noise_clip_30": ([*NO_NOISE, "privacy.clip_norm=30"], "reference: the clip C = 30 without noise"),
-    "no_noise_slow": ([*NO_NOISE, "server_opt.lr=0.003", "server_opt.item_lr=0.015", "server_opt.population_lr=0.015"],
+    "no_noise_slow": ([*NO_NOISE, *SLOW],
                       "reference: the clip without noise, server rates at 0.3 of the preset's"),
-    "slow": (["server_opt.lr=0.003", "server_opt.item_lr=0.015", "server_opt.population_lr=0.015"],
+    "slow": (SLOW,
              "server rates at 0.3 of the preset's, with the noise"),
-    "slow_200_rounds": (["server_opt.lr=0.003", "server_opt.item_lr=0.015", "server_opt.population_lr=0.015",
-                         "federation.rounds=200", "federation.eval_every=200"],
+    "slow_200_rounds": (SLOW_200,
                         "server rates at 0.3 of the preset's over 200 rounds (sigma calibrated to them)"),
-    "slow_200_rounds_all_users": (["federation.clients_per_round=4096", "server_opt.lr=0.003",
-                                   "server_opt.item_lr=0.015", "server_opt.population_lr=0.015",
-                                   "federation.rounds=200", "federation.eval_every=200"],
+    "slow_200_rounds_all_users": (["federation.clients_per_round=4096", *SLOW_200],
                                   "every user in every round with server rates at 0.3 of the preset's over 200 rounds"),
     "all_users": (["federation.clients_per_round=1000000"],
                   "every user in every round (q = 1): no sampling amplification, all N users in each release"),
