@@ -15,7 +15,7 @@ Each training round, on the device:
    learns only the sum over all nodes.
 
 On the server: the unmasked sum is checked (shapes, finite, an L2 norm an honest round can reach), divided
-by the expected number of sampled users q N (the actual number is never known), and applied by the
+by the expected number of sampled users q N (below q = 1 the actual number is never known), and applied by the
 server optimiser. sigma is computed from the run's config on every device and on the server alike
 (`accounting.run_noise_multiplier`); each device also holds its own limits and ledger (`device_policy`) and
 sits out a round that would break them, whatever the run config asks.
@@ -39,7 +39,9 @@ from fedrec_flwr.privacy.device_secret import DeviceSecret
 COIN_STREAM, NOISE_STREAM, EVAL_NOISE_STREAM = 3, 5, 6
 EVAL_ERROR_CLIP = 0.5  # of the scale's span: a released evaluation counts larger errors as half the scale
 NOISE_TAIL = 8.0  # SecAgg+ clips each coordinate at h C + NOISE_TAIL x the noise's standard deviation
-TAIL_LOG, TAIL_Z = 40.0, 9.0  # the server's norm check fails an honest round with probability below e^-40 a side
+# the server's norm check: the noise's chi-square tails at e^-40 a side and the cross term at 9 deviations; the
+# sampled users' count (`sample_count_bound`) is taken at 6 deviations, a looser tail for small q N
+TAIL_LOG, TAIL_Z = 40.0, 9.0
 
 
 def samples_itself(secret: DeviceSecret, user: int, server_round: int, q: float, attempt: int = 0) -> bool:
