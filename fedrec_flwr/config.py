@@ -181,6 +181,13 @@ class PrivacyConfig:
     eval_noise_multiplier: float = ranged(0.0, _NON_NEGATIVE)
     eval_budget_share: float = ranged(0.1, Range(0, 1, open_low=True, open_high=True, text="0 < share < 1"))
     eval_max_ratings: int = ranged(10, _AT_LEAST_ONE)
+    # user_dp with model.population_bias: b_pop's pull bounded on its own at this fraction of clip_norm, out of the
+    # joint norm (the rest clipped to clip_norm sqrt(1 - fraction^2), so a user's whole update stays within
+    # clip_norm: no privacy cost), and weighted by the user's ratings up to population_ratings, so that b_pop
+    # settles at the ratings' mean a cold user's ratings follow (`user_dp.PopulationPull`). 0: the pull inside the
+    # joint clip, scaled by each user's clip factor (b_pop then settles at a mean over users, light ones dominating)
+    population_clip: float = ranged(0.0, Range(0, 1, open_high=True, text="0 <= fraction < 1"))
+    population_ratings: int = ranged(20, _AT_LEAST_ONE)
 
     # M: the uniform sampler draws max(M, K) pseudo items for K own items
     pseudo_items: int = ranged(1000, _NON_NEGATIVE)
@@ -707,8 +714,10 @@ def _validate(cfg: AppConfig) -> None:
     if cfg.model.user_offset_reg > 0 and not cfg.model.user_offset:
         raise ConfigError(f"config key 'model.user_offset_reg' = {cfg.model.user_offset_reg} needs "
                           "model.user_offset = true (there is no private offset to shrink otherwise)")
-    if (cfg.model.personal_shrink > 0 or cfg.server_opt.population_lr > 0) and not cfg.model.population_bias:
-        key = "model.personal_shrink" if cfg.model.personal_shrink > 0 else "server_opt.population_lr"
+    if ((cfg.model.personal_shrink > 0 or cfg.server_opt.population_lr > 0 or cfg.privacy.population_clip > 0)
+            and not cfg.model.population_bias):
+        key = ("model.personal_shrink" if cfg.model.personal_shrink > 0 else "server_opt.population_lr"
+               if cfg.server_opt.population_lr > 0 else "privacy.population_clip")
         raise ConfigError(f"config key '{key}' needs model.population_bias = true (the population part it "
                           "weighs or trains is otherwise the full model's b, which does not learn the mean)")
     if cfg.model.user_offset_init != "zero" and not cfg.model.user_offset:

@@ -262,18 +262,22 @@ def test_a_download_within_the_bound_cannot_mark_the_users_who_rated_an_item_wit
     assert sums.n == 4 and np.isfinite(sums.sse) and np.isfinite(sums.sae), sums
 
 
-def test_under_user_dp_b_pop_is_clipped_with_the_rest_of_the_update(tmp_path):
+@pytest.mark.parametrize("share", [0.0, 0.3])
+def test_under_user_dp_b_pop_is_clipped_with_the_rest_of_the_update(tmp_path, share):
     """The server isolates b_pop: it downloads a model whose only non-zero weights are the global bias and b_pop (both
     at the midpoint) and an all-zero table, so the full prediction is the user's own mean (user_offset_reg = 0) and
     every gradient but b_pop's is 0. Unclipped, the user's whole update is its b_pop pull, past C. Clipped (what the
-    node adds, before its noise share), the update's L2 norm, b_pop included, is at most C = 1, and b_pop is scaled by
-    the same factor as everything else: the b_pop coordinate of the sum moves by at most C between neighbours."""
+    node adds, before its noise share), the update's L2 norm, b_pop included, is at most C = 1: inside the joint clip
+    (privacy.population_clip = 0) b_pop is scaled by the same factor as everything else; on its own bound (0.3, the
+    preset) it is the pull weighted by the user's 8 of 20 ratings and scaled by 0.3 C / (2 span), never past 0.3 C.
+    Either way the b_pop coordinate of the sum moves by at most C between neighbours."""
     def world(clip: str):
         cfg = load_config("fedgnn_user_dp", "synthetic", [
             f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'out'}", "data.synthetic.num_users=60",
             "data.synthetic.num_items=80", "data.synthetic.mean_degree=12", "model.dim=16",
             f"simulation.device_secrets={fixed_secrets(tmp_path)}", "simulation.users_per_node=1",
-            "model.user_offset_reg=0", f"privacy.clip_norm={clip}"])
+            "model.user_offset_reg=0", f"privacy.clip_norm={clip}", f"privacy.population_clip={share}",
+            "privacy.population_ratings=20"])
         return cfg, UserPartitions(prepare_partitions(cfg.data)).meta
 
     def update(cfg, meta, rating: float) -> tuple[list[np.ndarray], int]:
@@ -290,13 +294,14 @@ def test_under_user_dp_b_pop_is_clipped_with_the_rest_of_the_update(tmp_path):
     def norm(vector: list[np.ndarray]) -> float:
         return float(np.sqrt(sum(np.square(a, dtype=np.float64).sum() for a in vector)))
 
+    cap = 4.0  # the pull: twice the mean residual from the midpoint 3 to a rating of 1 or 5 (a user's weight is <= 1)
+    own = ITEMS.size / 20 * share / (2 * 4.0)  # the split's scale of the pull per unit of C: 8 of 20 ratings, / 2 span
     cfg, meta = world("1e6")  # no clip: what the user's update is
-    cap = 2 * (meta.scale.midpoint - meta.scale.low)  # the mean residual's pull, 4: a user's weight is at most 1
     for rating, sign in ((meta.scale.low, 1.0), (meta.scale.high, -1.0)):
         vector, at = update(cfg, meta, rating)
-        pull = sign * float(vector[at][0])
+        pull = sign * float(vector[at][0]) / (own * 1e6 if share else 1.0)
         assert 2.0 < pull <= cap * (1 + 1e-6)  # past C = 1 on its own
-        assert norm(vector) == pytest.approx(pull, rel=1e-5)  # b_pop is the whole update
+        assert norm(vector) == pytest.approx(abs(float(vector[at][0])), rel=1e-5)  # b_pop is the whole update
 
     cfg, meta = world("1")
     clip = cfg.privacy.clip_norm
@@ -304,7 +309,10 @@ def test_under_user_dp_b_pop_is_clipped_with_the_rest_of_the_update(tmp_path):
     for rating, sign in ((meta.scale.low, 1.0), (meta.scale.high, -1.0)):
         vector, at = update(cfg, meta, rating)
         assert norm(vector) <= clip * (1 + 1e-5)
-        assert float(vector[at][0]) == pytest.approx(sign * clip, rel=1e-5)  # scaled to C, not dropped nor kept
+        if share:  # weighted and scaled, never clipped
+            assert float(vector[at][0]) == pytest.approx(sign * cap * own * clip, rel=1e-4)
+        else:
+            assert float(vector[at][0]) == pytest.approx(sign * clip, rel=1e-5)  # scaled to C, not dropped nor kept
         clipped[rating] = vector
     gap = [a - b for a, b in zip(clipped[meta.scale.low], clipped[meta.scale.high])]
     assert norm(gap) <= 2 * clip * (1 + 1e-5)  # replace-one: 2C; add or remove one user: each vector's C

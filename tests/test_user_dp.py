@@ -26,8 +26,16 @@ from fedrec_flwr.fedgnn.local_step import StepBatch
 from fedrec_flwr.fedgnn.protocol import REGISTER_FIELDS, UploadRejected, split_users
 from fedrec_flwr.fedgnn.server import FedGNNServer
 from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
-from fedrec_flwr.fedgnn.user_dp import NodeSum, check_sum, node_update, samples_itself, update_norms
+from fedrec_flwr.fedgnn.user_dp import (
+    NodeSum,
+    PopulationPull,
+    check_sum,
+    node_update,
+    samples_itself,
+    update_norms,
+)
 from fedrec_flwr.models.rating_gnn import build_model
+from tests.conftest import fixed_secrets
 from tests.test_e2e_flwr import needs_superlink, run_main
 
 # a tiny federation (60 users, ~2 test ratings each) can release an evaluation only with small weights' noise
@@ -136,6 +144,105 @@ def test_each_users_whole_update_is_clipped_to_c_and_lands_on_its_own_items_only
     assert not table[[0, 3, 5, 6, 8, 9]].any()  # rows nobody rated stay zero before the noise
     clipped = np.sqrt(np.square(grads[0] * big).sum() + np.square(rows[0] * big).sum())
     assert clipped == pytest.approx(1.0, rel=1e-5)
+
+
+def _pull_steps(pulls: list[float], rest: list[np.ndarray], counts: list[int]) -> StepBatch:
+    """Steps of users whose model is [b_pop, w (3 coordinates)] and who rated `counts` items (one-wide rows)."""
+    rows = np.zeros((len(counts), max(counts), 1), np.float32)
+    for k, n in enumerate(counts):
+        rows[k, :n, 0] = 0.5
+    return StepBatch([torch.tensor(pulls, dtype=torch.float32), torch.from_numpy(np.stack(rest).astype(np.float32))],
+                     torch.from_numpy(rows), counts, np.zeros((len(counts), 2)), np.zeros(len(counts)),
+                     np.zeros(len(counts)))
+
+
+@pytest.mark.parametrize("share,ratings", [(0.3, 20), (0.99, 1), (0.01, 1000)])
+def test_the_population_pull_bounded_on_its_own_keeps_each_users_whole_update_within_c(share, ratings):
+    """Per-part clipping: b_pop's pull gets share C, the rest C sqrt(1 - share^2), so no user, however large or
+    hostile its step (a pull of 1e6, a model gradient of 1e6), adds more than C to the sum, whatever share and
+    cap the run config (the server) asks: the sensitivity the accounting assumes. A pull that is not finite drops
+    the whole user, as a non-finite update does."""
+    pop = PopulationPull(index=0, share=share, ratings=ratings, span=4.0)
+    rng = np.random.default_rng(1)
+    cases = [(1e6, rng.normal(size=3) * 1e6, 50), (-1e6, rng.normal(size=3) * 1e-3, 1), (8.0, np.zeros(3), 20),
+             (0.0, rng.normal(size=3) * 10, 3), (float("nan"), rng.normal(size=3), 5),
+             (float("inf"), rng.normal(size=3), 5), (-float("inf"), rng.normal(size=3), 5)]
+    for pull, rest, n in cases:
+        node = NodeSum([(1,), (3,)], 60, 1, 1.0, torch.device("cpu"), pop)
+        node.add(_pull_steps([pull], [rest], [n]), [np.arange(n)])
+        b, w, table = node.noised(0.0, np.random.default_rng(0))
+        norm = float(np.sqrt(np.square(b).sum() + np.square(w).sum() + np.square(table).sum()))
+        assert norm <= 1.0 + 1e-5, (pull, n, norm)
+        if not np.isfinite(pull):
+            assert norm == 0.0  # the whole user dropped
+        else:  # the pull's part never past share C, and the rest within what remains
+            assert abs(float(b[0])) <= share + 1e-6
+            assert float(np.sqrt(np.square(w).sum() + np.square(table).sum())) <= np.sqrt(1 - share**2) + 1e-5
+
+
+def test_the_population_pull_follows_the_ratings_mean_where_the_joint_clip_follows_the_users():
+    """Light users rating above b_pop (residual -1 each: 30 users of 1 rating) and heavy users rating below it
+    (residual +1: 10 users of 20 ratings, their model gradients large as a summed loss makes them). The ratings'
+    mean residual is (200 - 30) / 230 > 0, so b_pop must go down: the pull weighted by ratings says so. Inside the
+    joint clip the heavy users' pulls shrink with their clip factors and the sum points the other way, which is
+    what left b_pop at the users' mean on ML-100K's sparse variants."""
+    counts = [1] * 30 + [20] * 10
+    pulls = [-2.0] * 30 + [2.0] * 10  # twice the mean residual, as `population_bias_gradient` gives
+    rest = [np.full(3, 0.1)] * 30 + [np.full(3, 20.0)] * 10
+    items = [np.arange(n) for n in counts]
+    joint = NodeSum([(1,), (3,)], 60, 1, 1.0, torch.device("cpu"))
+    joint.add(_pull_steps(pulls, rest, counts), items)
+    assert float(joint.noised(0.0, np.random.default_rng(0))[0][0]) < 0  # the light users win
+    split = NodeSum([(1,), (3,)], 60, 1, 1.0, torch.device("cpu"), PopulationPull(0, 0.3, 20, 4.0))
+    split.add(_pull_steps(pulls, rest, counts), items)
+    got = float(split.noised(0.0, np.random.default_rng(0))[0][0])
+    # each pull weighted min(n, 20) / 20 and scaled by 0.3 / (2 * 4): 10 * 2 - 30 * 2 / 20 = 17, times 0.0375
+    assert got == pytest.approx((10 * 2.0 - 30 * 2.0 / 20) * 0.3 / 8.0, rel=1e-5)
+
+
+def test_a_cover_step_adds_no_population_pull():
+    """A user whose coin said no (a deployed device computes the step as cover) adds nothing, b_pop's pull included."""
+    node = NodeSum([(1,), (3,)], 60, 1, 1.0, torch.device("cpu"), PopulationPull(0, 0.3, 20, 4.0))
+    node.add(_pull_steps([4.0, -4.0], [np.ones(3), np.ones(3)], [20, 5]), [np.arange(20), np.arange(5)],
+             include=[False, False])
+    assert not any(a.any() for a in node.noised(0.0, np.random.default_rng(0)))
+
+
+def test_the_preset_bounds_b_pops_own_coordinate_and_the_rest_of_a_real_update(tmp_path):
+    """On the preset's model (`population_pull` finds b_pop among the weights): a download with b_pop at the bound
+    and the item table at the bound still gives each user b_pop's coordinate within 0.3 C and the rest within
+    C sqrt(1 - 0.09), the whole within C."""
+    cfg = load_config("fedgnn_user_dp", "synthetic", [
+        f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'out'}", "data.synthetic.num_users=60",
+        "data.synthetic.num_items=80", "data.synthetic.mean_degree=12", "model.dim=16", "simulation.users_per_node=1",
+        f"simulation.device_secrets={fixed_secrets(tmp_path)}"])
+    assert cfg.privacy.population_clip == 0.3
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint)
+    at = [name for name, _ in server.model.named_parameters()].index("population_bias")
+    for b_pop, rows in ((None, None), (1e6, 1e6), (-1e6, 0.0)):
+        weights, table = server.model_weights(), server.table()
+        if b_pop is not None:
+            weights[at][...] = b_pop
+            table[...] = rows
+        for u in (0, 1, 2):
+            user = FedGNNUser(DeviceSections.from_config(cfg), meta, parts.user(u), MemoryStore())
+            vector = node_update([user], weights, table, 2, None, 8, 1.0, 0.0)
+            whole = float(np.sqrt(sum(np.square(a, dtype=np.float64).sum() for a in vector)))
+            own = abs(float(vector[at].reshape(-1)[0]))
+            assert whole <= 1.0 + 1e-5 and own <= 0.3 + 1e-6
+            assert np.sqrt(max(whole**2 - own**2, 0.0)) <= np.sqrt(1 - 0.09) + 1e-5
+            if b_pop:  # a pull at the bound: the clamp's full share
+                assert own == pytest.approx(0.3, rel=1e-5)
+
+
+def test_the_population_clip_needs_the_population_bias():
+    with pytest.raises(ConfigError, match="privacy.population_clip"):
+        load_config("fedgnn_user_dp", "synthetic", ["model.population_bias=false", "model.personal_shrink=0",
+                                                     "server_opt.population_lr=0", "privacy.population_clip=0.3"])
+    with pytest.raises(ConfigError, match="privacy.population_clip"):
+        load_config("fedgnn_user_dp", "synthetic", ["privacy.population_clip=1"])
 
 
 def test_the_servers_view_the_noisy_sum_holds_no_row_of_any_user(tiny_cfg):

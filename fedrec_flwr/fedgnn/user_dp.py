@@ -5,7 +5,8 @@ Each training round, on the device:
    (`user_rng`: keyed by the device secret, which the server never holds): Poisson sampling that nobody
    else observes or can replay;
 2. a sampled user runs the same local step as in the LDP mode (`local_step.run_local_steps`) and clips its
-   whole update, the model gradient and the gradient of the item rows it rated, to L2 norm C;
+   whole update, the model gradient and the gradient of the item rows it rated, to L2 norm C (with
+   privacy.population_clip, b_pop's pull on its own share of C and the rest on the remainder: `PopulationPull`);
 3. its node adds the clipped updates of its sampled users into one vector over the model and the *whole*
    item table (unrated rows are zeros, so no row tells which items a user touched), plus its share of
    Gaussian noise, N(0, sigma^2 C^2 / K) with K the fewest nodes it lets a secure sum have (the noise
@@ -24,6 +25,7 @@ sits out a round that would break them, whatever the run config asks.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -63,28 +65,71 @@ def update_norms(steps: StepBatch) -> torch.Tensor:
     return sq.sqrt()
 
 
+@dataclass(frozen=True)
+class PopulationPull:
+    """How b_pop's pull (model.population_bias) enters a user's clipped update under user-level DP
+    (privacy.population_clip > 0): on its own bound, out of the joint norm.
+
+    Within the joint clip a user's pull is scaled by its clip factor, about 1/n for the summed loss, so b_pop
+    settles at a mean over users dominated by light ones, not at the ratings' mean a cold user's ratings follow.
+    Here the pull (twice the user's mean population residual, at most 2 span) is weighted by its ratings,
+    min(n, m) / m, and scaled by share C / (2 span), so it never exceeds share C and is never clipped; the rest
+    of the update is clipped to C sqrt(1 - share^2). The whole update's L2 norm stays at most C (per-part
+    clipping, McMahan et al. 2018): the sensitivity, the noise and the accounting are unchanged."""
+
+    index: int  # b_pop's position among the model's weights
+    share: float  # privacy.population_clip: the pull's bound as a fraction of C, in [0, 1)
+    ratings: int  # privacy.population_ratings: m, the ratings up to which a user's pull grows with its count
+    span: float  # the rating scale's span (public)
+
+    def bounded(self, pull: torch.Tensor, counts: list[int], clip_norm: float) -> torch.Tensor:
+        """[B]: each user's pull weighted min(n, m) / m and scaled to at most share C (clamped there, whatever the
+        step computed); NaN where the pull is not finite."""
+        n = torch.tensor([min(float(c), self.ratings) for c in counts], device=pull.device, dtype=pull.dtype)
+        most = self.share * clip_norm
+        weighted = pull.reshape(len(counts)) * (n / self.ratings) * (most / (2.0 * self.span))
+        # a pull that is not finite (NaN or +-inf) comes back as NaN, and `NodeSum.add` drops the whole user
+        return torch.where(torch.isfinite(weighted), torch.clamp(weighted, -most, most),
+                           torch.full_like(weighted, float("nan")))
+
+    def rest(self, clip_norm: float) -> float:
+        """The L2 bound left for the rest of the update: C sqrt(1 - share^2)."""
+        return clip_norm * math.sqrt(1.0 - self.share**2)
+
+
 class NodeSum:
     """The clipped updates of a node's sampled users summed over the model and the whole item table, in torch on
     the node's device; `noised` adds the node's share of the noise and returns the vector SecAgg+ masks."""
 
     def __init__(self, model_shapes: list[tuple[int, ...]], num_items: int, width: int, clip_norm: float,
-                 device: torch.device):
+                 device: torch.device, population: PopulationPull | None = None):
         self.model = [torch.zeros(shape, device=device) for shape in model_shapes]
         self.table = torch.zeros((num_items, width), device=device)
-        self.clip_norm, self.device = clip_norm, device
+        self.clip_norm, self.device, self.population = clip_norm, device, population
 
     def add(self, steps: StepBatch, items: list[np.ndarray], include: list[bool] | None = None) -> None:
         """Clip each user's update of `steps` to L2 norm C and add it (`items[k]`: user k's rated item ids, the order
-        of its real rows); `include[k]` False: user k's step was computed as cover only and adds nothing."""
+        of its real rows); `include[k]` False: user k's step was computed as cover only and adds nothing. With a
+        `PopulationPull`, b_pop's pull is bounded on its own and the rest clipped to what remains of C."""
+        pop = self.population
+        pull = None
+        if pop is not None:  # b_pop's slot out of the joint norm: its own bound, and the rest within the remainder
+            pull = pop.bounded(steps.model_grads[pop.index], steps.counts, self.clip_norm)
+            steps = steps._replace(model_grads=[torch.zeros_like(g) if i == pop.index else g
+                                                for i, g in enumerate(steps.model_grads)])
         norms = update_norms(steps)
-        scale = torch.clamp(self.clip_norm / torch.clamp(norms, min=1e-12), max=1.0).float()
+        bound = self.clip_norm if pop is None else pop.rest(self.clip_norm)
+        scale = torch.clamp(bound / torch.clamp(norms, min=1e-12), max=1.0).float()
         if include is not None:
             scale = scale * torch.tensor([float(x) for x in include], device=scale.device)
         # a user whose update is not finite adds nothing (NaN * 0 is NaN, so its gradients are replaced, not scaled)
-        finite = torch.isfinite(norms)
+        finite = torch.isfinite(norms) if pull is None else torch.isfinite(norms) & torch.isfinite(pull)
         scale = torch.where(finite, scale, torch.zeros_like(scale))
         for acc, g in zip(self.model, steps.model_grads):
             acc += torch.tensordot(scale, torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0), dims=([0], [0]))
+        if pull is not None:  # counted where the rest is: not for a cover step, nor for a non-finite update
+            kept = torch.where(scale > 0, torch.nan_to_num(pull, nan=0.0), torch.zeros_like(pull))
+            self.model[pop.index] += kept.sum().to(self.model[pop.index].dtype).reshape(self.model[pop.index].shape)
         for k, ids in enumerate(items):
             if ids.size and bool(scale[k] > 0):  # not a cover step, nor a non-finite update
                 self.table.index_add_(0, torch.from_numpy(ids).to(self.device), steps.rows[k, : ids.size] * scale[k])
@@ -102,6 +147,16 @@ class NodeSum:
         return out
 
 
+def population_pull(user: FedGNNUser) -> PopulationPull | None:
+    """The device's `PopulationPull` (privacy.population_clip > 0 with model.population_bias), else None."""
+    p = user.cfg.privacy
+    names = [name for name, _ in user.model.named_parameters()]
+    if p.population_clip <= 0 or "population_bias" not in names:
+        return None
+    return PopulationPull(names.index("population_bias"), float(p.population_clip), int(p.population_ratings),
+                          float(user.meta.scale.high - user.meta.scale.low))
+
+
 def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.ndarray, server_round: int,
                 round_config: RoundConfig | None, batch: int, q: float, noise_std: float,
                 cover: bool = False) -> list[np.ndarray]:
@@ -114,7 +169,7 @@ def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.nd
     check_download([*weights, table])  # before any coin or user's data: a refusal then reveals nothing
     check_download_shapes(users[0], weights, table)
     node = NodeSum([tuple(np.shape(w)) for w in weights], table.shape[0], table.shape[1], cfg.privacy.clip_norm,
-                   users[0].device)
+                   users[0].device, population_pull(users[0]))
     coins = [samples_itself(cfg.secret, u.user, server_round, q, u.round_key(server_round)[1]) for u in users]
     work = users if cover else [u for u, c in zip(users, coins) if c]
     counts = coins if cover else [True] * len(work)
