@@ -714,10 +714,11 @@ def _validate(cfg: AppConfig) -> None:
     if cfg.model.user_offset_reg > 0 and not cfg.model.user_offset:
         raise ConfigError(f"config key 'model.user_offset_reg' = {cfg.model.user_offset_reg} needs "
                           "model.user_offset = true (there is no private offset to shrink otherwise)")
-    if ((cfg.model.personal_shrink > 0 or cfg.server_opt.population_lr > 0 or cfg.privacy.population_clip > 0)
-            and not cfg.model.population_bias):
-        key = ("model.personal_shrink" if cfg.model.personal_shrink > 0 else "server_opt.population_lr"
-               if cfg.server_opt.population_lr > 0 else "privacy.population_clip")
+    needs_population = [key for key, value in (("model.personal_shrink", cfg.model.personal_shrink),
+                                               ("server_opt.population_lr", cfg.server_opt.population_lr),
+                                               ("privacy.population_clip", cfg.privacy.population_clip)) if value > 0]
+    if needs_population and not cfg.model.population_bias:
+        key = needs_population[0]
         raise ConfigError(f"config key '{key}' needs model.population_bias = true (the population part it "
                           "weighs or trains is otherwise the full model's b, which does not learn the mean)")
     if cfg.model.user_offset_init != "zero" and not cfg.model.user_offset:

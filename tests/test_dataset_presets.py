@@ -185,7 +185,7 @@ def _check_every_test_rating_scored(doc: dict, cfg) -> None:
 def _check_final(doc: dict, name: str, scale, settings: dict) -> None:
     assert doc["status"] == "finished" and doc["dataset"] == name
     rmse = doc["final"]["rmse"]
-    assert math.isfinite(rmse) and 0 < rmse <= scale.high - scale.low, (name, rmse)
+    assert math.isfinite(rmse) and 0 < rmse <= scale.span, (name, rmse)
     assert [r.get("phase") for r in doc["rounds"]].count("train") == 2
     for key, value in settings.items():  # the run was configured by the dataset's own file
         got = doc["config"]

@@ -92,7 +92,7 @@ def runs(tmp_path_factory):
             cfg = _cfg(folder, scale, *SMALL, f"simulation.device_secrets={path}")
             rmses.append(run_in_process(cfg, log_every=0)["rmse"])
         ds = UserPartitions(prepare_partitions(cfg.data)).ratings()
-        out[scale] = (float(np.mean(rmses)), baseline_rmses(ds)["global_mean"], ds.scale.high - ds.scale.low)
+        out[scale] = (float(np.mean(rmses)), baseline_rmses(ds)["global_mean"], ds.scale.span)
     return out
 
 

@@ -273,7 +273,7 @@ def registration_popularity_attack(cfg: AppConfig) -> dict:
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint,
                                       num_item_features=meta.num_item_features)
     rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1),
-                                      meta.scale.high - meta.scale.low)
+                                      meta.scale.span)
     store = MemoryStore()
     users = [u for u in range(meta.num_users) if parts.user(u).train_items.size]
     device_cfg = DeviceSections.from_config(cfg)

@@ -114,7 +114,7 @@ def _run(cfg, parts: UserPartitions, recorder: RunRecorder | None, baselines_of,
     meta = parts.meta
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
     rounds = FedGNNRounds.from_config(cfg, server, NodeBindings(meta.num_users, block_size=1),
-                                      meta.scale.high - meta.scale.low, recorder=recorder, test_ratings=meta.num_test,
+                                      meta.scale.span, recorder=recorder, test_ratings=meta.num_test,
                                       baselines=baselines_of)
     store = MemoryStore()
     checkpointer = Checkpointer(checkpoint_folder(cfg)) if cfg.checkpoint.every or cfg.checkpoint.resume else None

@@ -39,6 +39,11 @@ class RatingScale:
         return 0.5 * (self.low + self.high)
 
     @property
+    def span(self) -> float:
+        """high - low: the widest error a prediction on the scale can make (clips and bounds are sized by it)."""
+        return self.high - self.low
+
+    @property
     def is_reference(self) -> bool:
         """True when the scale's bounds are the reference units' [1, 5] (the map is then the identity)."""
         return self.low == REFERENCE_LOW and self.high == REFERENCE_HIGH
@@ -46,7 +51,7 @@ class RatingScale:
     @property
     def unit_factor(self) -> float:
         """Rating points per reference unit, (high - low) / 4: multiplies an RMSE or MAE in units back."""
-        return 1.0 if self.is_reference else (self.high - self.low) / REFERENCE_SPAN
+        return 1.0 if self.is_reference else self.span / REFERENCE_SPAN
 
     def to_units(self, values: np.ndarray) -> np.ndarray:
         """Ratings on this scale mapped onto [1, 5] (same dtype; unchanged when the scale is 1-5)."""

@@ -128,7 +128,7 @@ class NodeSum:
         for acc, g in zip(self.model, steps.model_grads):
             acc += torch.tensordot(scale, torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0), dims=([0], [0]))
         if pull is not None:  # counted where the rest is: not for a cover step, nor for a non-finite update
-            kept = torch.where(scale > 0, torch.nan_to_num(pull, nan=0.0), torch.zeros_like(pull))
+            kept = torch.where(scale > 0, pull, torch.zeros_like(pull))  # a NaN pull has scale 0: never picked
             self.model[pop.index] += kept.sum().to(self.model[pop.index].dtype).reshape(self.model[pop.index].shape)
         for k, ids in enumerate(items):
             if ids.size and bool(scale[k] > 0):  # not a cover step, nor a non-finite update
@@ -154,7 +154,7 @@ def population_pull(user: FedGNNUser) -> PopulationPull | None:
     if p.population_clip <= 0 or "population_bias" not in names:
         return None
     return PopulationPull(names.index("population_bias"), float(p.population_clip), int(p.population_ratings),
-                          float(user.meta.scale.high - user.meta.scale.low))
+                          float(user.meta.scale.span))
 
 
 def node_update(users: list[FedGNNUser], weights: list[np.ndarray], table: np.ndarray, server_round: int,
@@ -218,7 +218,7 @@ def node_evaluation(users: list[FedGNNUser], weights: list[np.ndarray], table: n
     """What one node sends in a user-DP evaluation round: its users' `evaluation_vector`s summed (every user, each
     on its own test ratings against the whole table), plus its noise share N(0, noise_std^2) per coordinate from
     the secure stream of its first user; one float32 array of 3 (SecAgg+ masks it like a training vector)."""
-    span = users[0].meta.scale.high - users[0].meta.scale.low
+    span = users[0].meta.scale.span
     clip = EVAL_ERROR_CLIP * span
     check_download([*weights, table])  # before any user's data: a refusal then reveals nothing
     total = np.zeros(3)

@@ -63,7 +63,7 @@ def fedgnn_components(cfg) -> ServerAppComponents:
         recorder.set_baselines(baselines)
     link = open_expansion_link(cfg, meta.num_items) if cfg.expansion.mode != "none" else None
     strategy = FedGNNStrategy(cfg, meta.num_items, meta.scale.midpoint, recorder, meta.num_users, link,
-                              num_item_features=meta.num_item_features, rating_span=meta.scale.high - meta.scale.low,
+                              num_item_features=meta.num_item_features, rating_span=meta.scale.span,
                               test_ratings=meta.num_test, baselines=baselines_of)
     timeout = cfg.federation.round_timeout or None
     return ServerAppComponents(strategy=strategy,
