@@ -122,3 +122,73 @@ def test_a_population_switch_without_b_pop_is_refused(tmp_path, key):
     without = ("model.population_bias=false", "model.personal_shrink=0", "server_opt.population_lr=0")
     with pytest.raises(ConfigError, match=key.split("=")[0]):
         _cfg(tmp_path, "fedgnn_tuned", *without, key)
+
+
+def test_the_population_item_weight_needs_the_items_own_terms(tmp_path):
+    """model.population_item_weight trains the items' own terms (w.x_i, b_i); a model without either has none."""
+    with pytest.raises(ConfigError, match="model.population_item_weight"):
+        _cfg(tmp_path, "fedgnn_user_dp", "model.biases=false", "model.item_bias=false",
+             "model.population_item_weight=1")
+
+
+@pytest.mark.parametrize("preset", ["fedgnn_tuned", "fedgnn_paper"])
+def test_the_population_item_weight_is_refused_under_the_papers_ldp(tmp_path, preset):
+    """Under the paper's LDP the population loss would add a direction to the real rows that the pseudo rows fitted to
+    them do not imitate, so a server could tell them apart better: the config refuses it, and a device loads the run
+    config it is sent through the same check, whatever the server asks."""
+    from fedrec_flwr.config import from_run_config
+
+    with pytest.raises(ConfigError, match="model.population_item_weight"):
+        _cfg(tmp_path, preset, "model.population_bias=true", "model.population_item_weight=1")
+    with pytest.raises(ConfigError, match="model.population_item_weight"):
+        from_run_config({"preset": preset, "dataset": "synthetic", "data-dir": str(tmp_path), "seed": 0,
+                         "set": "model.population_bias=true model.population_item_weight=1"})
+
+
+def _local_steps(tmp_path, weight: float):
+    """Six synthetic users' local step under fedgnn_user_dp's model with model.population_item_weight = `weight`:
+    one step on all of each user's ratings, the same dropout draws and downloads whatever the weight."""
+    from fedrec_flwr.data import UserPartitions, prepare_partitions
+    from fedrec_flwr.fedgnn.local_step import local_steps
+    from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
+
+    cfg = _cfg(tmp_path, "fedgnn_user_dp", "model.dim=8", "local.steps=1", "model.dropout=0.3",
+               f"model.population_item_weight={weight}")
+    parts = UserPartitions(prepare_partitions(cfg.data))
+    meta = parts.meta
+    torch.manual_seed(0)
+    model = build_model(cfg.model, meta.scale.midpoint)
+    with torch.no_grad():
+        model.item_bias_map.add_(torch.randn_like(model.item_bias_map) * 0.3)  # t_i = w.x_i + b_i, both parts live
+    users = [FedGNNUser(DeviceSections.from_config(cfg), meta, parts.user(u), MemoryStore(), None, model)
+             for u in range(300) if parts.user(u).train_items.size >= 3][:6]
+    table = np.random.default_rng(1).standard_normal((meta.num_items, row_width(cfg.model))).astype(np.float32)
+    step = local_steps(users[0].cfg, model, [u.state for u in users], [u.data for u in users], [table] * len(users),
+                       [np.random.default_rng(k) for k in range(len(users))],
+                       [torch.Generator().manual_seed(k) for k in range(len(users))], torch.device("cpu"))
+    return model, users, table, step
+
+
+def test_the_population_loss_on_the_items_terms_moves_their_rows_and_nothing_private(tmp_path):
+    """With model.population_item_weight = lambda each rated item's b_i gradient gains lambda times the population
+    loss's, 2 (b_pop + t_i - r), so the items' own terms learn what a user of whom nothing is known is given; with
+    gradient uploads (the presets') the private embedding and offset, and b_pop's own pull, are the full loss's as
+    before."""
+    lam = 0.5
+    model, users, table, without = _local_steps(tmp_path, 0.0)
+    _, _, _, with_items = _local_steps(tmp_path, lam)
+    np.testing.assert_array_equal(with_items.embeddings, without.embeddings)
+    np.testing.assert_array_equal(with_items.offsets, without.offsets)
+    names = [name for name, _ in model.named_parameters()]
+    at = names.index("population_bias")
+    torch.testing.assert_close(with_items.model_grads[at], without.model_grads[at], rtol=0, atol=0)
+    w = model.item_bias_map.detach().numpy()
+    for k, u in enumerate(users):
+        n = u.data.train_items.size
+        rows = table[u.data.train_items]
+        residual = float(model.population_bias.detach()) + rows[:, :-1] @ w + rows[:, -1] - u.data.train_values
+        moved = (with_items.rows[k, :n, -1] - without.rows[k, :n, -1]).numpy()
+        # the summed loss: each rating's gradient at weight 1 / n, times the pick's size n
+        np.testing.assert_allclose(moved, lam * 2 * residual, rtol=1e-4, atol=1e-5)
+    assert not torch.equal(with_items.model_grads[names.index("item_bias_map")],
+                           without.model_grads[names.index("item_bias_map")])

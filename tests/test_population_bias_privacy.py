@@ -265,19 +265,21 @@ def test_a_download_within_the_bound_cannot_mark_the_users_who_rated_an_item_wit
 @pytest.mark.parametrize("share", [0.0, 0.3])
 def test_under_user_dp_b_pop_is_clipped_with_the_rest_of_the_update(tmp_path, share):
     """The server isolates b_pop: it downloads a model whose only non-zero weights are the global bias and b_pop (both
-    at the midpoint) and an all-zero table, so the full prediction is the user's own mean (user_offset_reg = 0) and
-    every gradient but b_pop's is 0. Unclipped, the user's whole update is its b_pop pull, past C. Clipped (what the
-    node adds, before its noise share), the update's L2 norm, b_pop included, is at most C = 1: inside the joint clip
-    (privacy.population_clip = 0) b_pop is scaled by the same factor as everything else; on its own bound (0.3, the
-    preset) it is the pull weighted by the user's 8 of 20 ratings and scaled by 0.3 C / (2 span), never past 0.3 C.
-    Either way the b_pop coordinate of the sum moves by at most C between neighbours."""
+    at the midpoint) and an all-zero table, so the full prediction is the user's own mean (user_offset_reg = 0) and,
+    with the items' terms off the population loss (population_item_weight = 0), every gradient but b_pop's is 0.
+    Unclipped, the user's whole update is its b_pop pull, past C. Clipped (what the node adds, before its noise
+    share), the update's L2 norm, b_pop included, is at most C = 1: inside the joint clip (privacy.population_clip =
+    0) b_pop is scaled by the same factor as everything else; on its own bound (0.3, the preset) it is the pull
+    weighted by the user's 8 of 20 ratings and scaled by 0.3 C / (2 span), never past 0.3 C. Either way the b_pop
+    coordinate of the sum moves by at most C between neighbours."""
     def world(clip: str):
         cfg = load_config("fedgnn_user_dp", "synthetic", [
             f"data.cache_dir={tmp_path / 'cache'}", f"output_dir={tmp_path / 'out'}", "data.synthetic.num_users=60",
             "data.synthetic.num_items=80", "data.synthetic.mean_degree=12", "model.dim=16",
             f"simulation.device_secrets={fixed_secrets(tmp_path)}", "simulation.users_per_node=1",
             "model.user_offset_reg=0", f"privacy.clip_norm={clip}", f"privacy.population_clip={share}",
-            "privacy.population_ratings=20"])
+            "privacy.population_ratings=20",
+            "model.population_item_weight=0"])  # the items' terms off the population loss: b_pop's is the only one
         return cfg, UserPartitions(prepare_partitions(cfg.data)).meta
 
     def update(cfg, meta, rating: float) -> tuple[list[np.ndarray], int]:

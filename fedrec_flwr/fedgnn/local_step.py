@@ -125,6 +125,7 @@ class StepRule(NamedTuple):
     private_offset: bool  # model.user_offset: the offset trains with the embedding
     offset_reg: float  # model.user_offset_reg: k, the offset's shrinkage in pseudo-ratings
     population_bias: bool  # model.population_bias: b_pop, the population part's own global bias, trains
+    population_item_weight: float  # model.population_item_weight: the population loss's weight on the items' terms
 
     @classmethod
     def of(cls, cfg: DeviceSections) -> StepRule:
@@ -132,7 +133,7 @@ class StepRule(NamedTuple):
         local = cfg.local
         return cls(local.steps, local.batch_size, local.user_steps, local.user_lr, local.lr, cfg.privacy.clip_delta,
                    local.loss == "sum", local.upload == "delta", cfg.model.user_offset, cfg.model.user_offset_reg,
-                   cfg.model.population_bias)
+                   cfg.model.population_bias, cfg.model.population_item_weight)
 
     def uploaded(self, grads: StepGrads, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
         """(model part, row part) of the step that enters the upload: the gradient, times each user's pick size
@@ -206,17 +207,16 @@ class StarBatch:
         x = self.item_input(self.items)
         return (self.predict(x.detach() if detach_items else x) - self.targets) ** 2
 
-    def population_bias_gradient(self, weights: torch.Tensor) -> torch.Tensor:
-        """[B]: each user's gradient, for its weights `weights` [B, T] on its rows (1 / |pick| each), of the population
-        loss sum w (b_pop + t_i - r)^2 with respect to b_pop (model.population_bias), t_i the item's own terms (w.x_i,
-        b_i): b_pop + t_i is then a prediction without the user's terms, what a cold user is given. A mean over the
-        user's pick, not a sum: a heavy rater's pull does not crowd its update's clip (under user-level DP each
-        user's whole update, this pull included, is still scaled by its clip factor)."""
-        with torch.no_grad():
-            x = self.item_input(self.items)
-            d = self.dim
-            terms = item_own_terms(x[..., :d], self.params.get("item_bias_map"), x[..., d] if self.item_bias else None)
-            return 2 * (weights * (self.params["population_bias"][:, None] + terms - self.targets)).sum(1)
+    def population_residuals(self) -> torch.Tensor:
+        """[B, T]: b_pop + t_i - r on every padded row, the population part's error (b_pop, model.population_bias, and
+        the item's own terms t_i: w.x_i, b_i), what a user of whom nothing is known would be off by. Differentiable in
+        t_i (model.population_item_weight trains it), not in b_pop, whose gradient is `population_bias_gradient`."""
+        if "population_bias" not in self.params:
+            raise ValueError("the population residuals need model.population_bias")
+        x = self.item_input(self.items)
+        d = self.dim
+        terms = item_own_terms(x[..., :d], self.params.get("item_bias_map"), x[..., d] if self.item_bias else None)
+        return self.params["population_bias"].detach()[:, None] + terms - self.targets
 
     def gradients(self, loss: torch.Tensor) -> StepGrads:
         """The gradients of `loss` with respect to each user's weights, rows, embedding and (private) offset.
@@ -246,6 +246,15 @@ class StarBatch:
         return torch.from_numpy(weight).to(self.device)
 
 
+def population_bias_gradient(weights: torch.Tensor, residuals: torch.Tensor) -> torch.Tensor:
+    """[B]: each user's gradient, for its weights `weights` [B, T] on its rows (1 / |pick| each), of the population
+    loss sum w (b_pop + t_i - r)^2 with respect to b_pop, from its `residuals` b_pop + t_i - r
+    (`StarBatch.population_residuals`): b_pop + t_i is then a prediction without the user's terms, what a cold user
+    is given. A mean over the user's pick, not a sum: a heavy rater's pull does not crowd its update's clip (under
+    user-level DP each user's whole update, this pull included, is still scaled by its clip factor)."""
+    return 2 * (weights * residuals).sum(1)
+
+
 def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], datas: list[UserData],
                 rows: list[np.ndarray], rngs: list[np.random.Generator], generators: list[torch.Generator],
                 device: torch.device) -> StepBatch:
@@ -273,10 +282,14 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
     for _ in range(rule.steps):
         weights = x.minibatch_weights(rngs, rule.batch_size)
         per_user = (weights * x.squared_errors()).sum(1)
-        grads = x.gradients(per_user.sum())
+        loss = per_user.sum()
+        residuals = x.population_residuals() if rule.population_bias else None
+        if rule.population_item_weight:  # the items' own terms also learn the population part (the private ones not)
+            loss = loss + rule.population_item_weight * (weights * residuals ** 2).sum()
+        grads = x.gradients(loss)
         model_step, row_step = rule.uploaded(grads, scale)
         if rule.population_bias:  # b_pop: the user's mean population residual, whatever its count or local.loss
-            pop = x.population_bias_gradient(weights)
+            pop = population_bias_gradient(weights, residuals.detach())
             model_step[x.population_at] = torch.clamp(pop, -rule.clip, rule.clip) if rule.delta else pop
         for acc, g in zip(model_sum, model_step):
             acc += g
