@@ -130,7 +130,9 @@ def main() -> None:
                 print(f"[user_dp_curve] {dataset} epsilon {r['privacy']['epsilon']:.3f}: RMSE {r['final']['rmse']:.4f} "
                       f"(sigma {r['privacy']['noise_multiplier']:.3f}, {r['wall_seconds']:.0f}s)", flush=True)
                 atomic_write(args.out, json.dumps(doc, indent=1))
-    plot(json.loads(args.out.read_text()), args.out.with_suffix(".png"))
+    doc = json.loads(args.out.read_text())
+    if any(not r["extra"] for r in doc["runs"]):  # a file of probes (every run with --set) has no curve to draw
+        plot(doc, args.out.with_suffix(".png"))
 
 
 if __name__ == "__main__":
