@@ -211,8 +211,6 @@ class StarBatch:
         """[B, T]: b_pop + t_i - r on every padded row, the population part's error (b_pop, model.population_bias, and
         the item's own terms t_i: w.x_i, b_i), what a user of whom nothing is known would be off by. Differentiable in
         t_i (model.population_item_weight trains it), not in b_pop, whose gradient is `population_bias_gradient`."""
-        if "population_bias" not in self.params:
-            raise ValueError("the population residuals need model.population_bias")
         x = self.item_input(self.items)
         d = self.dim
         terms = item_own_terms(x[..., :d], self.params.get("item_bias_map"), x[..., d] if self.item_bias else None)
