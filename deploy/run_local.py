@@ -221,8 +221,10 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
             # expansion right after registration, so one training round follows it; seed 0's fault draws make
             # device 2 upload NaN in that round (the other two are applied)
             run_set += ["expansion.mode=fixed", "expansion.epoch=0", "faults.malformed=0.3"]
-        else:  # three users can release an evaluation only with little noise: each counts one rating's weight
-            run_set += ["privacy.eval_noise_multiplier=1.0", "privacy.eval_max_ratings=1"]
+        else:  # a handful of users can release an evaluation only with little noise: each counts one rating's
+            # weight (1 / sqrt 3 of the count), and sigma_e = 0.7 spends 7.2 of the devices' epsilon 8, so that 5
+            # users' noisy count (2.9, noise 0.78 with all 5 above the floor of 4) is positive but 1 in 10^4 runs
+            run_set += ["privacy.eval_noise_multiplier=0.7", "privacy.eval_max_ratings=1"]
         files = [data / f"user-{i}.npz" for i in range(nodes)]
     else:
         preset, dataset = "fppdm", "synthetic-md3"
@@ -308,7 +310,8 @@ def deploy_and_run(algorithm: str, dep: Deployment, certs: Path, rounds: int, no
                                                 "--run-config", run_config], timeout=900, stamp=True)
         results = json.loads((out / "results.json").read_text())
         if results.get("status") != "finished":
-            raise DeployError(f"{algorithm} run did not finish: {out / 'results.json'}")
+            raise DeployError(f"{algorithm} run did not finish ({results.get('status')}: "
+                              f"{results.get('error', 'no error recorded')}): {out / 'results.json'}")
         rogue_log = dep.log(f"{algorithm}-supernode-{nodes}")
         link_log = dep.log(f"{algorithm}-superlink")
         refused = ("Failed to activate SuperNode" in rogue_log
@@ -335,12 +338,14 @@ def main() -> None:
     ap.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
     ap.add_argument("--rounds", type=int, default=1, help="training rounds of each deployment (default: 1, which runs "
                     "each protocol whole: graph expansion, SecAgg+'s four stages, FPPDM's barycenter)")
-    ap.add_argument("--fedgnn-nodes", type=int, default=3, help="devices of a per-user deployment (default: 3)")
+    ap.add_argument("--fedgnn-nodes", type=int, default=3, help="devices of the LDP deployment (default: 3)")
+    ap.add_argument("--user-dp-nodes", type=int, default=5, help="devices of the user-level DP deployment (default: "
+                    "5, the fewest whose released evaluation has a positive noisy count in all but 1 in 10^4 runs)")
     ap.add_argument("--one-at-a-time", action="store_true", help="deploy the algorithms one after the other")
     args = ap.parse_args()
     work = Path(args.work).resolve()
     shutil.rmtree(work, ignore_errors=True)
-    nodes = {a: args.fedgnn_nodes if a in PER_USER else 3 for a in args.algorithms}
+    nodes = {a: {"fedgnn": args.fedgnn_nodes, "fedgnn_user_dp": args.user_dp_nodes}.get(a, 3) for a in args.algorithms}
     certs = work / "certs"  # one CA, SuperLink certificate and set of node keys; each SuperLink registers its own
     with Phase("all", "certificates and node keys"):
         subprocess.run(["bash", str(ROOT / "deploy" / "make_certs.sh"), str(certs), str(max(nodes.values()) + 2)],
