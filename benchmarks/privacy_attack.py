@@ -1,11 +1,15 @@
 """Can the server tell a user's real item rows from its pseudo rows? Within-upload AUC per feature.
 
     python -m benchmarks.privacy_attack [--dim 256] [--users 60] [--sampler uniform|popularity]
+        [--map-std 1.0] [--repeats 3]
 
 For each user of a small synthetic dataset the client builds one real upload; the attacker
 ranks that upload's rows by each feature and we report the mean AUC over users (0.5 is
 chance), for: the full protection (pseudo rows + LDP), pseudo rows without LDP, and a
-strawman whose pseudo rows are zeros (the attack's power); then the model-gradient attacks. The
+strawman whose pseudo rows are zeros (the attack's power), on the paper's model; the first two
+again on `fedgnn_tuned`'s (GGNN with biases: the item-bias map's features apply); then the
+model-gradient attacks. Every run draws fresh device secrets, so the AUCs move between runs: each is
+measured --repeats times and recorded as mean, standard deviation and largest. The
 attacks are `fedrec_flwr.audit.attacks`; this is their command line. Writes
 benchmarks/results/privacy_attack.json.
 """
@@ -14,10 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import date
 from pathlib import Path
 
-from fedrec_flwr.audit.attacks import FEATURES, model_gradient_auc, within_upload_auc
+import numpy as np
+
+from fedrec_flwr.audit.attacks import AUDIT_MAP_STD, FEATURES, model_gradient_auc, within_upload_auc
 from fedrec_flwr.config import load_config
+
+TUNED = ["model.gnn=ggnn", "model.biases=true"]
 
 
 def main() -> None:
@@ -26,10 +35,15 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--users", type=int, default=60)
     ap.add_argument("--sampler", default="uniform", choices=("uniform", "popularity"), help="privacy.pseudo_sampler")
+    ap.add_argument("--map-std", type=float, default=AUDIT_MAP_STD,
+                    help="the GGNN model's item-bias map per entry: a trained one's (default) or one a server crafts")
+    ap.add_argument("--repeats", type=int, default=3, help="runs, each with fresh device secrets (default: 3)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     out_path = args.out or ("benchmarks/results/privacy_attack.json" if args.sampler == "uniform"
                             else f"benchmarks/results/privacy_attack_{args.sampler}.json")
+    if args.map_std != AUDIT_MAP_STD and not args.out:
+        out_path = out_path.replace(".json", f"_map_{args.map_std:g}.json")
     base = [f"model.dim={args.dim}", "data.synthetic.num_users=60", "data.synthetic.num_items=200",
             "data.synthetic.mean_degree=15", "privacy.pseudo_items=100", "data.cache_dir=.cache/fedrec",
             f"privacy.pseudo_sampler={args.sampler}"]
@@ -38,23 +52,46 @@ def main() -> None:
         "pseudo rows, no LDP": (load_config("fedgnn_paper", "synthetic", [*base, "privacy.ldp=false"]), "protected"),
         "zeros for pseudo rows, no LDP": (load_config("fedgnn_paper", "synthetic", [*base, "privacy.ldp=false"]),
                                           "zeros"),
+        # fedgnn_tuned's model: the features include each row's projection on the item-bias map the server sent
+        "tuned model (GGNN + biases), pseudo rows + LDP": (load_config("fedgnn_paper", "synthetic", [*base, *TUNED]),
+                                                          "protected"),
+        "tuned model (GGNN + biases), pseudo rows, no LDP": (
+            load_config("fedgnn_paper", "synthetic", [*base, *TUNED, "privacy.ldp=false"]), "protected"),
     }
-    out = {}
-    for name, (cfg, mode) in settings.items():
-        auc = within_upload_auc(cfg, args.users, mode)
-        out[name] = dict(zip(FEATURES, map(float, auc)))
-        print(f"{name:32s} max AUC {auc.max():.3f}  " + "  ".join(f"{f}={a:.3f}" for f, a in zip(FEATURES, auc)))
-    model_attacks = {}
-    for name, extra in (("pseudo rows + LDP (default)", []), ("pseudo rows, no LDP", ["privacy.ldp=false"])):
-        for model_name, model_set in (("paper model (GAT)", []), ("tuned model (GGNN + biases) with "
-                                                                  "public item features",
-                                      ["model.gnn=ggnn", "model.biases=true", "data.item_features=true"])):
-            auc = model_gradient_auc(load_config("fedgnn_paper", "synthetic", [*base, *extra, *model_set]), args.users)
-            model_attacks[f"{name}, {model_name}"] = auc
-            print(f"model gradients, {name}, {model_name}: " + "  ".join(f"{k}={v:.3f}" for k, v in auc.items()))
+    runs: list[dict] = []
+    for r in range(args.repeats):  # each config load draws fresh device secrets: the noise and pseudo rows differ
+        out = {}
+        for name, (cfg, mode) in settings.items():
+            auc = within_upload_auc(cfg, args.users, mode, args.map_std)
+            out[name] = dict(zip(FEATURES, map(float, auc)))
+            print(f"[run {r}] {name:32s} max AUC {auc.max():.3f}  "
+                  + "  ".join(f"{f}={a:.3f}" for f, a in zip(FEATURES, auc)), flush=True)
+        model_attacks = {}
+        for name, extra in (("pseudo rows + LDP (default)", []), ("pseudo rows, no LDP", ["privacy.ldp=false"])):
+            for model_name, model_set in (("paper model (GAT)", []), ("tuned model (GGNN + biases) with "
+                                                                      "public item features",
+                                          ["model.gnn=ggnn", "model.biases=true", "data.item_features=true"])):
+                auc = model_gradient_auc(load_config("fedgnn_paper", "synthetic", [*base, *extra, *model_set]),
+                                         args.users, args.map_std)
+                model_attacks[f"{name}, {model_name}"] = auc
+                print(f"[run {r}] model gradients, {name}, {model_name}: "
+                      + "  ".join(f"{k}={v:.3f}" for k, v in auc.items()), flush=True)
+        runs.append({"auc": out, "model_gradient_auc": model_attacks})
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_path).write_text(json.dumps({"dim": args.dim, "users": args.users, "sampler": args.sampler, "auc": out,
-                                          "model_gradient_auc": model_attacks}, indent=1))
+    Path(out_path).write_text(json.dumps({
+        "dim": args.dim, "users": args.users, "sampler": args.sampler, "item_bias_map_std": args.map_std,
+        "repeats": args.repeats, "auc": summary([run["auc"] for run in runs]),
+        "model_gradient_auc": summary([run["model_gradient_auc"] for run in runs]), "runs": runs,
+        "date": date.today().isoformat()}, indent=1))
+
+
+def summary(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per setting and attack: the mean, standard deviation and largest AUC over the runs."""
+    return {setting: {attack: {"mean": float(np.mean([run[setting][attack] for run in runs])),
+                               "std": float(np.std([run[setting][attack] for run in runs])),
+                               "max": float(np.max([run[setting][attack] for run in runs]))}
+                      for attack in runs[0][setting]}
+            for setting in runs[0]}
 
 
 if __name__ == "__main__":

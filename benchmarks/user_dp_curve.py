@@ -73,7 +73,12 @@ def plot(doc: dict, path: Path) -> None:
     for ax, dataset in zip(axes[0], datasets):
         mine = [r for r in doc["runs"] if r["dataset"] == dataset]
         usual = Counter(r["rounds"] for r in mine).most_common(1)[0][0]  # the curve's schedule; shorter runs aside
+        shorter = sorted((r for r in mine if r["rounds"] < usual and not r["extra"] and r["seed"] == 0),
+                         key=lambda r: r["target_epsilon"])
         mine = [r for r in mine if r["rounds"] == usual]
+        if shorter:  # the same preset over fewer rounds (less noise a round): what small epsilons prefer
+            ax.plot([r["privacy"]["epsilon"] for r in shorter], [r["final"]["rmse"] for r in shorter], "s--",
+                    color="C3", label=f"over {shorter[0]['rounds']} rounds, seed 0")
         runs = sorted((r for r in mine if not r["extra"] and r["seed"] == 0), key=lambda r: r["target_epsilon"])
         ax.plot([r["privacy"]["epsilon"] for r in runs], [r["final"]["rmse"] for r in runs], "o-",
                 label="user-level DP (fedgnn_user_dp), seed 0")

@@ -107,9 +107,12 @@ def test_upload_hides_embedding_ratings_and_count(tiny_cfg):
 
 
 @pytest.mark.parametrize("protocol", [(), ("privacy.pseudo_sampler=popularity", "privacy.popularity_bins=10"),
-                                      ("local.upload=delta", "local.steps=3", "local.lr=0.01")])
+                                      ("local.upload=delta", "local.steps=3", "local.lr=0.01"),
+                                      ("model.gnn=ggnn", "model.biases=true")])
 def test_attacker_cannot_separate_real_from_pseudo_rows(tiny_cfg, protocol):
     """The server ranks the rows of each upload by every feature; mean within-upload AUC must stay <= 0.6.
+    With `fedgnn_tuned`'s model (GGNN with biases) the features include each row's projection on the item-bias map
+    w the server sent, the direction an item's own term w.x_i adds to its real rows' gradients.
 
     The attack works inside one upload, as the server would: it knows whose upload it holds
     and wants that user's rated items. (Pooling rows of different users' uploads mixes users

@@ -101,14 +101,14 @@ ROWS: tuple[Row, ...] = (
         value="final.rmse", paper=DOUBAN_PAPERS, budget=FEDGNN_LDP_SECRET,
         command="fedrec run --preset fedgnn_tuned --dataset douban --data-dir DATA --seed S",
         readme=True),
-    Row(algorithm="FedGNN, `fedgnn_user_dp` (GGNN + biases, d = 32, ids only)", dataset="ML-100K (u1)",
+    Row(algorithm="FedGNN, `fedgnn_user_dp` (GGNN + biases, d = 4, ids only)", dataset="ML-100K (u1)",
         metric="test RMSE after 100 rounds (every test rating, exact: the simulation's; the server gets "
                "a noisy release)",
         source="user_dp_curve.json",
         where={"dataset": "ml-100k", "target_epsilon": 8.0, "rounds": 100, "extra": []}, value="final.rmse",
         paper="0.920 / 0.910 (FedGNN / FedPerGNN, per-coordinate LDP only)", budget=USER_DP,
         command="fedrec run --preset fedgnn_user_dp --dataset ml-100k --data-dir DATA --seed S", readme=True),
-    Row(algorithm="FedGNN, `fedgnn_user_dp` (GGNN + biases, d = 32, ids only)", dataset="Douban (sRGCNN 3000 x 3000)",
+    Row(algorithm="FedGNN, `fedgnn_user_dp` (GGNN + biases, d = 4, ids only)", dataset="Douban (sRGCNN 3000 x 3000)",
         metric="test RMSE after 100 rounds (every test rating, exact: the simulation's; the server gets "
                "a noisy release)",
         source="user_dp_curve.json",
