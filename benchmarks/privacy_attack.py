@@ -7,8 +7,9 @@ For each user of a small synthetic dataset the client builds one real upload; th
 ranks that upload's rows by each feature and we report the mean AUC over users (0.5 is
 chance), for: the full protection (pseudo rows + LDP), pseudo rows without LDP, and a
 strawman whose pseudo rows are zeros (the attack's power), on the paper's model; the first two
-again on `fedgnn_tuned`'s (GGNN with biases: the item-bias map's features apply); then the
-model-gradient attacks. Every run draws fresh device secrets, so the AUCs move between runs: each is
+again on `fedgnn_tuned`'s (GGNN with biases, summed loss: the item-bias map's features apply); then the
+model-gradient attacks. Every run's devices draw fresh secrets (their noise, pseudo items and pseudo
+rows; the model and the rows sent stay the same), so the AUCs move between runs: each is
 measured --repeats times and recorded as mean, standard deviation and largest. The
 attacks are `fedrec_flwr.audit.attacks`; this is their command line. Writes
 benchmarks/results/privacy_attack.json.
@@ -26,7 +27,8 @@ import numpy as np
 from fedrec_flwr.audit.attacks import AUDIT_MAP_STD, FEATURES, model_gradient_auc, within_upload_auc
 from fedrec_flwr.config import load_config
 
-TUNED = ["model.gnn=ggnn", "model.biases=true"]
+# fedgnn_tuned's model and loss: the summed loss makes each real row's gradient n times the mean loss's
+TUNED = ["model.gnn=ggnn", "model.biases=true", "local.loss=sum", "local.batch_size=1000"]
 
 
 def main() -> None:
@@ -58,8 +60,10 @@ def main() -> None:
         "tuned model (GGNN + biases), pseudo rows, no LDP": (
             load_config("fedgnn_paper", "synthetic", [*base, *TUNED, "privacy.ldp=false"]), "protected"),
     }
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
     runs: list[dict] = []
-    for r in range(args.repeats):  # each config load draws fresh device secrets: the noise and pseudo rows differ
+    for r in range(args.repeats):  # every audited device draws a fresh secret: its noise and pseudo rows differ
         out = {}
         for name, (cfg, mode) in settings.items():
             auc = within_upload_auc(cfg, args.users, mode, args.map_std)
@@ -70,7 +74,7 @@ def main() -> None:
         for name, extra in (("pseudo rows + LDP (default)", []), ("pseudo rows, no LDP", ["privacy.ldp=false"])):
             for model_name, model_set in (("paper model (GAT)", []), ("tuned model (GGNN + biases) with "
                                                                       "public item features",
-                                          ["model.gnn=ggnn", "model.biases=true", "data.item_features=true"])):
+                                          [*TUNED, "data.item_features=true"])):
                 auc = model_gradient_auc(load_config("fedgnn_paper", "synthetic", [*base, *extra, *model_set]),
                                          args.users, args.map_std)
                 model_attacks[f"{name}, {model_name}"] = auc
@@ -86,9 +90,10 @@ def main() -> None:
 
 
 def summary(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
-    """Per setting and attack: the mean, standard deviation and largest AUC over the runs."""
+    """Per setting and attack: the mean, sample standard deviation (0 for one run) and largest AUC over the runs."""
     return {setting: {attack: {"mean": float(np.mean([run[setting][attack] for run in runs])),
-                               "std": float(np.std([run[setting][attack] for run in runs])),
+                               "std": float(np.std([run[setting][attack] for run in runs], ddof=1))
+                               if len(runs) > 1 else 0.0,
                                "max": float(np.max([run[setting][attack] for run in runs]))}
                       for attack in runs[0][setting]}
             for setting in runs[0]}

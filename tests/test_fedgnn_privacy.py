@@ -108,11 +108,13 @@ def test_upload_hides_embedding_ratings_and_count(tiny_cfg):
 
 @pytest.mark.parametrize("protocol", [(), ("privacy.pseudo_sampler=popularity", "privacy.popularity_bins=10"),
                                       ("local.upload=delta", "local.steps=3", "local.lr=0.01"),
-                                      ("model.gnn=ggnn", "model.biases=true")])
+                                      ("model.gnn=ggnn", "model.biases=true", "local.loss=sum",
+                                       "local.batch_size=1000")])
 def test_attacker_cannot_separate_real_from_pseudo_rows(tiny_cfg, protocol):
     """The server ranks the rows of each upload by every feature; mean within-upload AUC must stay <= 0.6.
-    With `fedgnn_tuned`'s model (GGNN with biases) the features include each row's projection on the item-bias map
-    w the server sent, the direction an item's own term w.x_i adds to its real rows' gradients.
+    With `fedgnn_tuned`'s model and loss (GGNN with biases, summed) the features include each row's projection on the
+    item-bias map w the server sent (at a trained map's scale), the direction an item's own term w.x_i adds to its
+    real rows' gradients.
 
     The attack works inside one upload, as the server would: it knows whose upload it holds
     and wants that user's rated items. (Pooling rows of different users' uploads mixes users
@@ -128,18 +130,25 @@ def test_attack_has_power_against_naive_padding(tiny_cfg):
     assert auc.max() > 0.9
 
 
-@pytest.mark.parametrize("model", [(), ("model.gnn=ggnn", "model.biases=true", "data.item_features=true")])
+@pytest.mark.parametrize("model", [
+    (), ("model.gnn=ggnn", "model.biases=true", "data.item_features=true"),
+    pytest.param(("model.gnn=ggnn", "model.biases=true", "local.loss=sum", "local.batch_size=1000", "model.dim=256"),
+                 marks=pytest.mark.xfail(strict=True, reason=(
+                     "known break (docs/benchmarks/privacy-measurements.md, 'The model part of the upload'): "
+                     "fedgnn_tuned's summed loss makes the model gradient n times larger, the per-coordinate clip "
+                     "keeps its structure and the Laplace noise no longer hides it")))])
 def test_the_model_gradient_does_not_point_at_the_real_items_under_ldp(tiny_cfg, model):
     """The model gradient sums over the real items too. Matching its top singular directions
     against the rows the server sent (and, with public item features, the feature map's gradient
-    against features x uploaded rows) finds them without LDP; with LDP it must stay <= 0.6."""
+    against features x uploaded rows) finds them without LDP; with LDP it must stay <= 0.6.
+    With `fedgnn_tuned`'s summed loss it does not (strict xfail: it fails once a fix makes it hold)."""
     sizes = ("model.dim=64", "data.synthetic.num_items=200", "data.synthetic.mean_degree=15",
              "privacy.pseudo_items=100", *model)
     open_auc = model_gradient_auc(tiny_cfg(*sizes, "privacy.ldp=false"), 30)
     assert open_auc["sent rows vs weight gradients"] > 0.7, open_auc  # the attack has power
     protected = model_gradient_auc(tiny_cfg(*sizes), 30)
     assert max(protected.values()) <= 0.6, protected
-    if model:
+    if "data.item_features=true" in model:
         assert open_auc["feature map"] > 0.65 and "feature map" in protected
 
 

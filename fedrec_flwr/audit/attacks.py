@@ -39,6 +39,7 @@ from fedrec_flwr.fedgnn.user import (
     init_user_state,
     own_items,
     popularity_report,
+    user_rng,
 )
 from fedrec_flwr.models.rating_gnn import RatingGNN, build_model, row_width
 from fedrec_flwr.privacy.popularity import estimate_counts
@@ -46,9 +47,12 @@ from fedrec_flwr.privacy.popularity import estimate_counts
 FEATURES = ("l2 norm", "l1 norm", "max |x|", "mean", "projection on mean row", "|top principal component|",
             "standardised distance", "|projection on the item-bias map|", "|projection on its sign pattern|")
 # the audit's item-bias map w (model.biases) where the model has one: the untrained model's is zero, which would hide
-# the attack on it, so it is drawn at this standard deviation per entry, what a trained map holds (`quickstart` after
-# 150 rounds: 0.096 at d = 32, 0.107 at d = 256). A server may send a larger one: `map_std` of the attacks
+# the attack on it, so it is drawn at this standard deviation per entry, what a trained map holds (`quickstart`'s
+# server after 150 rounds, `fedrec run --in-process --preset quickstart --set checkpoint.every=50 [model.dim=256
+# data.item_features=true]`, read from checkpoint/server.pt: 0.096 at d = 32, 0.107 at d = 256). A server may send a
+# larger one: `map_std` of the attacks
 AUDIT_MAP_STD = 0.1
+AUDIT_STREAM = 9  # the audited device's stream for its step (`user_rng`): fresh with every device secret
 
 
 def row_features(rows: np.ndarray, item_map: np.ndarray | None = None) -> np.ndarray:
@@ -105,7 +109,9 @@ def user_steps(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_STD) -> It
     item-bias map, where it has one, drawn at `map_std` per entry: a trained one's by default, larger for a server
     that crafts it).
 
-    The model is seeded by cfg.seed and the rows sent to user u by u, so every run yields the same numbers.
+    The model is seeded by cfg.seed and the rows sent to user u by u; the device's draws (its pseudo items, pseudo
+    rows and noise) come from its secret, so a config with fixed device secrets yields the same numbers in every run
+    and one with fresh secrets draws anew.
     """
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
@@ -127,8 +133,9 @@ def user_steps(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_STD) -> It
             continue
         state = init_user_state(device_cfg, meta, data, popularity)
         model.load_state_dict(initial)  # every user steps from the same model (delta uploads move it locally)
-        rng = np.random.default_rng(u)
-        sent = (rng.standard_normal((state.anonymity_ids.size, row_width(cfg.model))) * 0.1).astype(np.float32)
+        server = np.random.default_rng(u)  # the rows the server sends user u: the same in every run
+        sent = (server.standard_normal((state.anonymity_ids.size, row_width(cfg.model))) * 0.1).astype(np.float32)
+        rng = user_rng(device_cfg.secret, u, AUDIT_STREAM)  # the device's own draws: its noise and pseudo rows
         step = local_gradients(device_cfg, model, state, data, sent, rng)
         grads, real_rows = step.model_grads, step.real_rows
         yield UserStep(model, data, state, sent, grads, real_rows, rng, np.isin(state.anonymity_ids, data.train_items))
