@@ -281,10 +281,7 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
         weights = x.minibatch_weights(rngs, rule.batch_size)
         per_user = (weights * x.squared_errors()).sum(1)
         loss = per_user.sum()
-        residuals = None
-        if rule.population_bias:  # a graph through t_i only where the population loss trains the items' terms
-            with torch.set_grad_enabled(bool(rule.population_item_weight)):
-                residuals = x.population_residuals()
+        residuals = x.population_residuals() if rule.population_bias else None
         if rule.population_item_weight:  # the items' own terms also learn the population part (the private ones not)
             loss = loss + rule.population_item_weight * (weights * residuals ** 2).sum()
         grads = x.gradients(loss)
