@@ -71,13 +71,27 @@ def model_label(cell: dict) -> str:
     return " ".join([cell.get("model") or "-", *(x for x in cell.get("set", []) if not x.startswith("data."))])
 
 
-def combined_table(paths: list[Path]) -> str:
+def private_bias_column(paths: list[Path]) -> tuple[str, dict[tuple, float]]:
+    """(column name, RMSE per (dataset, data overrides, target, group)) of `benchmarks.user_dp_bias_release` records:
+    the bias model under user-level DP at their epsilon, the baseline a model under that guarantee is held to."""
+    cells = [c for path in paths for c in json.loads(path.read_text())["cells"]]
+    epsilons = sorted({c["epsilon"] for c in cells})
+    if len(epsilons) != 1:
+        raise SystemExit(f"--private-bias records hold epsilons {epsilons}; give records of one epsilon")
+    values = {(c["dataset"], tuple(x for x in c.get("set", []) if x.startswith("data.")), c["train_per_user"], group): v
+              for c in cells for group, v in c["groups"].items()}
+    return f"bias model, user-level DP (ε = {epsilons[0]:g}, one release, best cell)", values
+
+
+def combined_table(paths: list[Path], private_bias: list[Path] = ()) -> str:
     """One Markdown table of the records in `paths`: a row per (variant, user group) with its baselines, a column
     per model (preset and overrides) holding its RMSE on the same test ratings, at run seed 0 (the cells of other
-    seeds are in the records)."""
+    seeds are in the records). With `private_bias` (`benchmarks.user_dp_bias_release` records of the same variants)
+    the bias model under user-level DP is a baseline column too."""
     cells = [c for path in paths for c in json.loads(path.read_text())["cells"]
              if c.get("model") and c.get("seed", 0) == 0]
     models = list(dict.fromkeys(model_label(c) for c in cells))
+    private_name, private = private_bias_column(list(private_bias)) if private_bias else (None, {})
     rows: dict[tuple, dict] = {}
     for c in cells:
         for group, g in c["groups"].items():
@@ -85,6 +99,9 @@ def combined_table(paths: list[Path]) -> str:
                 data_set = tuple(x for x in c.get("set", []) if x.startswith("data."))
                 row = rows.setdefault((c["dataset"], data_set, c["train_per_user"], group), {"g": g})
                 row[model_label(c)] = g["model"]
+                if (c["dataset"], data_set, c["train_per_user"], group) in private:
+                    row[private_name] = private[(c["dataset"], data_set, c["train_per_user"], group)]
+    models = ([private_name] if private_name else []) + models
     lines = ["| variant | users: test ratings | global mean | user mean | bias model | " + " | ".join(models) + " |",
              "|---|---|---|---|---|" + "---|" * len(models)]
     for (name, data_set, target, group), row in rows.items():
@@ -110,9 +127,11 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="config overrides of every cell")
     ap.add_argument("--table", nargs="+", type=Path, default=None,
                     help="only print one table of these records' model runs, a column per model")
+    ap.add_argument("--private-bias", nargs="+", type=Path, default=[],
+                    help="with --table: benchmarks.user_dp_bias_release records of the same variants, a column")
     args = ap.parse_args()
     if args.table:
-        print(combined_table(args.table))
+        print(combined_table(args.table, args.private_bias))
         return
     path = results_file(Path(args.out), args.resume)
     doc = json.loads(path.read_text()) if path.exists() else {
