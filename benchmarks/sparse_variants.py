@@ -32,6 +32,7 @@ from fedrec_flwr.cli.inprocess import run_in_process
 from fedrec_flwr.cli.sweep import results_file
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import load_from_config
+from fedrec_flwr.metrics import rmse
 from fedrec_flwr.reference.baselines import baseline_rmses
 
 
@@ -41,6 +42,19 @@ def groups(ds) -> dict[str, np.ndarray]:
     users = np.arange(ds.num_users)
     return {"all": users, "cold": users[per_user == 0], "light": users[(per_user > 0) & (per_user <= 5)],
             "rest": users[per_user > 5]}
+
+
+def group_rmses(ds, predictions: list[np.ndarray]) -> dict[str, float]:
+    """Each user group's (`groups`) test RMSE of `predictions` (arrays over every test rating of `ds`, one per noise
+    draw), the mean over the draws: a private baseline scored on the same ratings, per group, as the models are."""
+    target = ds.test.values.astype(np.float64)
+    out = {}
+    for group, users in groups(ds).items():
+        mask = np.isin(ds.test.users, users)
+        if mask.any():
+            out[group] = float(np.mean([rmse(x[mask], target[mask], ds.scale.low, ds.scale.high)
+                                        for x in predictions]))
+    return out
 
 
 def cell(name: str, data_dir: str, target: float, cold: float, model: str | None, seed: int,
@@ -72,15 +86,21 @@ def model_label(cell: dict) -> str:
 
 
 def private_bias_column(paths: list[Path]) -> tuple[str, dict[tuple, float]]:
-    """(column name, RMSE per (dataset, data overrides, target, group)) of `benchmarks.user_dp_bias_release` records:
-    the bias model under user-level DP at their epsilon, the baseline a model under that guarantee is held to."""
-    cells = [c for path in paths for c in json.loads(path.read_text())["cells"]]
+    """(column name, RMSE per (dataset, data overrides, target, group)) of private bias-model records
+    (`benchmarks.user_dp_bias_release`, and `benchmarks.user_dp_als` at rank 0): per variant the record with the lower
+    RMSE on all users, with its groups. The bias model under user-level DP at their epsilon: the baseline a model
+    under that guarantee is held to."""
+    cells = [c for path in paths for c in json.loads(path.read_text())["cells"] if c.get("rank", 0) == 0]
     epsilons = sorted({c["epsilon"] for c in cells})
     if len(epsilons) != 1:
         raise SystemExit(f"--private-bias records hold epsilons {epsilons}; give records of one epsilon")
-    values = {(c["dataset"], tuple(x for x in c.get("set", []) if x.startswith("data.")), c["train_per_user"], group): v
-              for c in cells for group, v in c["groups"].items()}
-    return f"bias model, user-level DP (ε = {epsilons[0]:g}, one release, best cell)", values
+    best: dict[tuple, dict] = {}
+    for c in cells:
+        variant = (c["dataset"], tuple(x for x in c.get("set", []) if x.startswith("data.")), c["train_per_user"])
+        if variant not in best or c["rmse"] < best[variant]["rmse"]:
+            best[variant] = c
+    values = {(*variant, group): v for variant, c in best.items() for group, v in c["groups"].items()}
+    return f"bias model, user-level DP (ε = {epsilons[0]:g}, best cell)", values
 
 
 def combined_table(paths: list[Path], private_bias: list[Path] = ()) -> str:
@@ -128,7 +148,7 @@ def main() -> None:
     ap.add_argument("--table", nargs="+", type=Path, default=None,
                     help="only print one table of these records' model runs, a column per model")
     ap.add_argument("--private-bias", nargs="+", type=Path, default=[],
-                    help="with --table: benchmarks.user_dp_bias_release records of the same variants, a column")
+                    help="with --table: user_dp_bias_release / user_dp_als records of the same variants, a column")
     args = ap.parse_args()
     if args.table:
         print(combined_table(args.table, args.private_bias))

@@ -1,6 +1,8 @@
 """The lever "alternating least squares on noisy sufficient statistics" (DPALS, Chien et al. 2021): what it gives.
 
     python -m benchmarks.user_dp_als --data-dir DATA [--datasets ml-100k douban] [--epsilons 1 8]
+    python -m benchmarks.user_dp_als --data-dir DATA --targets 9 3.5 --epsilons 8 --ranks 0 --seeds 3 \
+        --out benchmarks/results/user_dp_als_sparse.json   # the sparse and cold variants, per user group
 
 The mechanism, computed centrally as SecAgg+ would deliver its sums. The model is r = m + b_u + b_i + u.v_i, m the
 scale's public midpoint. The user side (u, b_u) is solved on each device against the released item side, in closed
@@ -35,16 +37,19 @@ import numpy as np
 from scipy import sparse
 
 from benchmarks.common import add_data_dir, markdown_table
+from benchmarks.sparse_variants import group_rmses
 from fedrec_flwr.config import load_config
-from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.data import load_from_config
 from fedrec_flwr.fedgnn.accounting import gaussian_releases_sigma
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.metrics import rmse
 
 OUT = Path("benchmarks/results/user_dp_als.json")
 GRID = {"rank": (0, 2, 5), "releases": (1, 2, 3), "lam": (0.5, 2.0, 5.0, 20.0), "alpha": (0.3, 1.0), "c": (2.0,)}
 USER_REG = 5.0  # the device's ridge on (u, b_u), as the bias model shrinks a user bias (k = 5 pseudo-ratings)
 FACTOR_NORM = 1.0  # Gamma_u: every user's factor u is clipped to this norm before it enters a release
+# ratings are fitted in units of a quarter of the scale's span (a star on 1-5), so that c = 2 clips a residual at half
+# the span and the grid means the same on every scale (1-5 scales fit their own ratings as they are)
+SCALE_UNITS = 4.0
 
 
 def _indicator(index: np.ndarray, size: int) -> sparse.csr_matrix:
@@ -89,13 +94,14 @@ def _release_items(users, by_user, by_item, resid, u, b_u, lam, alpha, c, sigma,
     return sol[:, :k], sol[:, k]
 
 
-def als_rmse(ds, rank: int, releases: int, lam: float, alpha: float, c: float, sigma: float,
-             rng: np.random.Generator) -> float:
-    """Test RMSE of the DPALS model after `releases` noisy item releases (see the module docstring)."""
+def als_predictions(ds, rank: int, releases: int, lam: float, alpha: float, c: float, sigma: float,
+                    rng: np.random.Generator) -> np.ndarray:
+    """Predictions on every test rating of the DPALS model after `releases` noisy item releases (see the module
+    docstring); a user without training ratings gets the item side alone (u = 0, b_u = 0)."""
     tr, te = ds.train, ds.test
-    low, high = ds.scale.low, ds.scale.high
-    m = (low + high) / 2
-    resid = tr.values.astype(np.float64) - m
+    m = (ds.scale.low + ds.scale.high) / 2
+    unit = (ds.scale.high - ds.scale.low) / SCALE_UNITS
+    resid = (tr.values.astype(np.float64) - m) / unit
     by_user, by_item = _indicator(tr.users, ds.num_users), _indicator(tr.items, ds.num_items)
     v = rng.normal(0, 1 / np.sqrt(max(rank, 1)), (ds.num_items, rank))  # public random start
     b_i = np.zeros(ds.num_items)
@@ -103,16 +109,35 @@ def als_rmse(ds, rank: int, releases: int, lam: float, alpha: float, c: float, s
     for _ in range(releases):
         v, b_i = _release_items(tr.users, by_user, by_item, resid, u, b_u, lam, alpha, c, sigma, rng)
         u, b_u = _solve_users(by_user, tr.items, resid, v, b_i, USER_REG)
-    pred = m + b_u[te.users] + b_i[te.items] + (u[te.users] * v[te.items]).sum(1)
-    return rmse(pred, te.values.astype(np.float64), low, high)
+    return m + unit * (b_u[te.users] + b_i[te.items] + (u[te.users] * v[te.items]).sum(1))
+
+
+def best_cell(ds, rank: int, eps: float, seeds: int) -> dict:
+    """The grid cell of `rank` with the lowest test RMSE on all test ratings (mean of `seeds` noise draws; eps = inf:
+    without noise), and that cell's RMSE on each user group of `benchmarks.sparse_variants.groups`."""
+    best = None
+    for releases, lam, alpha, c in itertools.product(*list(GRID.values())[1:]):
+        sigma = 0.0 if not np.isfinite(eps) else gaussian_releases_sigma(releases, eps)
+        preds = [als_predictions(ds, rank, releases, lam, alpha, c, sigma, np.random.default_rng(s))
+                 for s in range(seeds)]
+        by_group = group_rmses(ds, preds)
+        if best is None or by_group["all"] < best[0]:
+            best = (by_group["all"], {"releases": releases, "lam": lam, "alpha": alpha, "c": c, "sigma": sigma},
+                    by_group)
+    return {"rmse": best[0], "best": best[1], "groups": best[2]}
 
 
 def main() -> None:
-    """Best grid cell per dataset, epsilon and rank; prints the table and writes the JSON."""
+    """Best grid cell per dataset variant, epsilon and rank; prints the table and writes the JSON."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_data_dir(ap)
     ap.add_argument("--datasets", nargs="+", default=["ml-100k", "douban"])
     ap.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 8.0])
+    ap.add_argument("--ranks", nargs="+", type=int, default=list(GRID["rank"]))
+    ap.add_argument("--targets", nargs="+", type=float, default=[0.0],
+                    help="data.train_per_user of the variants (0: the full split), as benchmarks.sparse_variants")
+    ap.add_argument("--cold", type=float, default=0.1, help="data.cold_fraction of the sparse variants")
+    ap.add_argument("--set", nargs="*", default=[], dest="extra", help="data overrides of every cell (the scale)")
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--no-noise", action="store_true", help="reference: the same releases without noise")
     ap.add_argument("--out", type=Path, default=OUT)
@@ -123,23 +148,24 @@ def main() -> None:
     rows = []
     epsilons = [float("inf")] if args.no_noise else args.epsilons
     for name in args.datasets:
-        cfg = load_config("fedgnn_user_dp", name, [f"data.data_dir={args.data_dir}"])
-        ds = UserPartitions(prepare_partitions(cfg.data)).ratings()
-        for eps in epsilons:
-            for rank in GRID["rank"]:
-                best = None
-                for releases, lam, alpha, c in itertools.product(*list(GRID.values())[1:]):
-                    sigma = 0.0 if args.no_noise else gaussian_releases_sigma(releases, eps)
-                    score = float(np.mean([als_rmse(ds, rank, releases, lam, alpha, c, sigma,
-                                                    np.random.default_rng(s)) for s in range(args.seeds)]))
-                    if best is None or score < best[0]:
-                        best = (score, {"releases": releases, "lam": lam, "alpha": alpha, "c": c, "sigma": sigma})
-                doc["cells"].append({"dataset": name, "epsilon": eps if np.isfinite(eps) else None, "rank": rank,
-                                     "rmse": best[0], "best": best[1]})
-                rows.append([name, "none" if not np.isfinite(eps) else eps, rank, f"{best[0]:.4f}",
-                             json.dumps(best[1])])
-                print(rows[-1], flush=True)
-    print(markdown_table(["dataset", "epsilon", "rank", "test RMSE (best cell)", "cell"], rows))
+        for target in args.targets:
+            cold = args.cold if target else 0.0
+            cfg = load_config("fedgnn_user_dp", name, [f"data.data_dir={args.data_dir}",
+                                                       f"data.train_per_user={target}", f"data.cold_fraction={cold}",
+                                                       *args.extra])
+            ds = load_from_config(cfg.data)
+            label = " ".join([name, *args.extra]) + (f", {target:g} a user" if target else ", full")
+            for eps in epsilons:
+                for rank in args.ranks:
+                    found = best_cell(ds, rank, eps, args.seeds)
+                    doc["cells"].append({"dataset": name, "set": list(args.extra), "train_per_user": target,
+                                         "cold_fraction": cold, "epsilon": eps if np.isfinite(eps) else None,
+                                         "rank": rank, **found})
+                    groups_text = ", ".join(f"{g} {v:.4f}" for g, v in found["groups"].items() if g != "all")
+                    rows.append([label, "none" if not np.isfinite(eps) else eps, rank, f"{found['rmse']:.4f}",
+                                 groups_text, json.dumps(found["best"])])
+                    print(rows[-1], flush=True)
+    print(markdown_table(["variant", "epsilon", "rank", "test RMSE (best cell)", "groups", "cell"], rows))
     atomic_write(args.out, json.dumps(doc, indent=1) + "\n")
 
 

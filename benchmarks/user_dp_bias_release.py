@@ -32,12 +32,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import add_data_dir, markdown_table
-from benchmarks.sparse_variants import groups
+from benchmarks.sparse_variants import group_rmses
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import load_from_config
 from fedrec_flwr.fedgnn.accounting import gaussian_releases_sigma
 from fedrec_flwr.fsutil import atomic_write
-from fedrec_flwr.metrics import rmse
 
 OUT = Path("benchmarks/results/user_dp_bias_release.json")
 GRID = {"c": (0.25, 0.5, 1.0), "alpha": (0.5, 1.0), "lam": (0.5, 2.0, 5.0, 20.0, 100.0), "p": (0.0, 0.5, 1.0)}
@@ -74,17 +73,13 @@ def best_release(ds, sigma: float, seeds: int) -> dict:
     """The grid cell with the lowest test RMSE on all test ratings (mean of `seeds` noise draws), and that cell's RMSE
     on each user group of `benchmarks.sparse_variants.groups` (all, cold, light, rest): the bias model under
     user-level DP, as optimistic as a grid picked on the test ratings makes it."""
-    target = ds.test.values.astype(np.float64)
-    masks = {group: np.isin(ds.test.users, users) for group, users in groups(ds).items()}
     best = None
     for c, alpha, lam, p in itertools.product(*GRID.values()):
         preds = [released_bias_predictions(ds, sigma, c, alpha, lam, p, np.random.default_rng(s)) for s in range(seeds)]
-        score = float(np.mean([rmse(x, target, ds.scale.low, ds.scale.high) for x in preds]))
-        if best is None or score < best[0]:
-            best = (score, {"c": c, "alpha": alpha, "lam": lam, "p": p}, preds)
-    by_group = {group: float(np.mean([rmse(x[mask], target[mask], ds.scale.low, ds.scale.high) for x in best[2]]))
-                for group, mask in masks.items() if mask.any()}
-    return {"rmse": best[0], "best": best[1], "groups": by_group}
+        by_group = group_rmses(ds, preds)
+        if best is None or by_group["all"] < best[0]:
+            best = (by_group["all"], {"c": c, "alpha": alpha, "lam": lam, "p": p}, by_group)
+    return {"rmse": best[0], "best": best[1], "groups": best[2]}
 
 
 def main() -> None:
