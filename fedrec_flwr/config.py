@@ -239,7 +239,10 @@ class LocalTrainingConfig:
     upload: str = "gradient"
     lr: float = ranged(0.001, _POSITIVE)  # local SGD rate of the model and item rows ("delta" uploads)
     batch_size: int = ranged(64, _AT_LEAST_ONE)
-    loss: str = "mean"  # uploaded gradients of the "mean" or "sum" of squared errors over the mini-batch
+    # uploaded gradients of the "mean" or "sum" of squared errors over the mini-batch. Under the paper's LDP "sum"
+    # scales the item rows only: the model weights keep the mean loss's gradient, which the per-coordinate clip and
+    # noise hide (a summed one showed the server the rated items); user-level DP scales both
+    loss: str = "mean"
     user_lr: float = ranged(0.01, _POSITIVE)  # SGD rate of the private user embedding
     # SGD steps on the private user embedding per round (>= 1; no privacy cost)
     user_steps: int = ranged(1, _AT_LEAST_ONE)

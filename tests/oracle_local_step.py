@@ -76,8 +76,11 @@ def pyg_local_step(
             *grads, g_offset = grads
         # uploads carry the gradient of the summed loss when local.loss = "sum": per-row
         # gradients then use the clip range instead of drowning in the LDP noise
+        # (the item rows only under the paper's LDP, whose per-user uploads the server sees: a summed loss's weight
+        # gradients would show it the rated rows; user-level DP scales the weights' too)
         scale = float(pick.numel()) if cfg.local.loss == "sum" else 1.0
-        step = [scale * g for g in grads[: len(full) + 1]]
+        weight_scale = scale if cfg.privacy.mode == "user_dp" else 1.0
+        step = [weight_scale * g for g in grads[: len(full)]] + [scale * grads[len(full)]]
         if pop_bias is not None:  # b_pop: the mean population loss's gradient, never scaled by the pick
             x = model.item_input(items_x, features)[pick]
             t = x[:, -1] if model.item_bias else torch.zeros(pick.numel(), device=targets.device)

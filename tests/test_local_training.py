@@ -18,8 +18,9 @@ def _step(cfg, user: int = 3):
     torch.manual_seed(0)
     model = build_model(cfg.model, meta.scale.midpoint)
     state = init_user_state(DeviceSections.from_config(cfg), meta, data)
-    rows = (np.random.default_rng(1).standard_normal((state.anonymity_ids.size,
-                                                      cfg.model.dim)) * 0.1).astype(np.float32)
+    # the rows of its anonymity set (LDP), or of the whole table (user-level DP registers none)
+    count = state.anonymity_ids.size if cfg.privacy.mode == "ldp" else meta.num_items
+    rows = (np.random.default_rng(1).standard_normal((count, cfg.model.dim)) * 0.1).astype(np.float32)
     step = local_gradients(DeviceSections.from_config(cfg), model, state, data, rows, np.random.default_rng(2))
     return step.model_grads, step.real_rows, step.loss, model, data
 
@@ -64,3 +65,19 @@ def test_private_offset_learns_the_users_level_and_stays_on_the_device(tiny_cfg)
     assert offset > 0.5  # the model predicts the scale midpoint; the offset carries the user's level
     assert len(upload) == len(weights) + 2  # model gradients, ids, rows: nothing else leaves the device
     assert not any(np.isclose(a, offset).any() for a in upload if a.dtype.kind == "f")
+
+
+def test_a_summed_loss_scales_the_weight_gradients_only_where_the_server_never_sees_one_upload(tiny_cfg):
+    """local.loss = "sum" multiplies the uploaded item rows by the user's rating count in both modes. The model
+    weights' gradients get it only under user-level DP, where one user's update is seen only inside a noisy sum:
+    under the paper's LDP they keep the mean loss's, whatever the run config asks, since a summed loss's weight
+    gradients saturate the per-coordinate clip and show the server the rated rows (tests/test_fedgnn_privacy.py)."""
+    common = ("model.dropout=0", "local.batch_size=1000", "model.gnn=ggnn", "model.biases=true")
+    for mode, weights_scaled in (("ldp", False), ("user_dp", True)):
+        mean = _step(tiny_cfg(*common, f"privacy.mode={mode}"))
+        summed = _step(tiny_cfg(*common, f"privacy.mode={mode}", "local.loss=sum"))
+        n = mean[4].train_items.size
+        np.testing.assert_allclose(summed[1], n * mean[1], rtol=1e-5, atol=1e-7)  # the rows: n times
+        for a, b in zip(mean[0], summed[0]):
+            np.testing.assert_allclose(b, n * a if weights_scaled else a, rtol=1e-5, atol=1e-7)
+        assert any(np.abs(a).max() > 0 for a in mean[0])  # a weight gradient to compare

@@ -29,6 +29,10 @@ class DeviceMechanism:
     expands_graph = False  # may send its embedding to a neighbour service
     plain_evaluation = False  # may send its error sums as a plain evaluation reply
     needs_terms = True  # needs the device's own terms of the run (`clients.privacy_guard.DeviceTerms`): guarded
+    # with local.loss = "sum", scales the model weights' gradients by the pick's size too (not the item rows alone):
+    # only where the server never sees one user's upload, since a summed loss's weight gradients saturate a
+    # per-coordinate clip and show the server which rows the user rated (`fedrec_flwr.audit.attacks`)
+    sums_model_loss = False
 
     def __init__(self, privacy: PrivacyConfig):
         self.privacy = privacy

@@ -77,6 +77,7 @@ class Device(DeviceMechanism):
     expands_graph = False
     plain_evaluation = False
     needs_terms = True
+    sums_model_loss = True  # one user's update is seen only inside the noisy secure sum
 
     def train_reply(self, user_of, hosted, parameters, rc: RoundConfig, num_weights, user_batch, terms):
         """The node's one vector (`user_dp.node_update`); num_examples 1, so that SecAgg+'s weighted mean over the
