@@ -8,7 +8,8 @@ ranks that upload's rows by each feature and we report the mean AUC over users (
 chance), for: the full protection (pseudo rows + LDP), pseudo rows without LDP, and a
 strawman whose pseudo rows are zeros (the attack's power), on the paper's model; the first two
 again on `fedgnn_tuned`'s (GGNN with biases, summed loss: the item-bias map's features apply); then the
-model-gradient attacks. Every run's devices draw fresh secrets (their noise, pseudo items and pseudo
+model-gradient attacks, on those models and on the presets `fedgnn_tuned` and `quickstart` as they ship.
+Every run's devices draw fresh secrets (their noise, pseudo items and pseudo
 rows; the model and the rows sent stay the same), so the AUCs move between runs: each is
 measured --repeats times and recorded as mean, standard deviation and largest. The
 attacks are `fedrec_flwr.audit.attacks`; this is their command line. Writes
@@ -29,6 +30,8 @@ from fedrec_flwr.config import load_config
 
 # fedgnn_tuned's model and loss: the summed loss makes each real row's gradient n times the mean loss's
 TUNED = ["model.gnn=ggnn", "model.biases=true", "local.loss=sum", "local.batch_size=1000"]
+# the LDP presets whose model part is audited as they ship (their GNN, loss, rates), at the audit's data and sizes
+PRESETS = ("fedgnn_tuned", "quickstart")
 
 
 def main() -> None:
@@ -80,6 +83,11 @@ def main() -> None:
                 model_attacks[f"{name}, {model_name}"] = auc
                 print(f"[run {r}] model gradients, {name}, {model_name}: "
                       + "  ".join(f"{k}={v:.3f}" for k, v in auc.items()), flush=True)
+        for preset in PRESETS:  # the LDP presets themselves, at the audit's sizes
+            auc = model_gradient_auc(load_config(preset, "synthetic", base), args.users, args.map_std)
+            model_attacks[f"pseudo rows + LDP (default), preset {preset}"] = auc
+            print(f"[run {r}] model gradients, preset {preset}: "
+                  + "  ".join(f"{k}={v:.3f}" for k, v in auc.items()), flush=True)
         runs.append({"auc": out, "model_gradient_auc": model_attacks})
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps({
