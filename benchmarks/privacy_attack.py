@@ -2,6 +2,7 @@
 
     python -m benchmarks.privacy_attack [--dim 256] [--users 60] [--sampler uniform|popularity]
         [--map-std 1.0] [--repeats 3]
+    python -m benchmarks.privacy_attack --crafted [--dim 64 --users 30 --repeats 2]   # a hostile server's downloads
 
 For each user of a small synthetic dataset the client builds one real upload; the attacker
 ranks that upload's rows by each feature and we report the mean AUC over users (0.5 is
@@ -25,13 +26,24 @@ from pathlib import Path
 
 import numpy as np
 
-from fedrec_flwr.audit.attacks import AUDIT_MAP_STD, FEATURES, model_gradient_auc, within_upload_auc
+from fedrec_flwr.audit.attacks import AUDIT_MAP_STD, AUDIT_ROW_STD, FEATURES, model_gradient_auc, within_upload_auc
 from fedrec_flwr.config import load_config
 
 # fedgnn_tuned's model and loss: the summed loss makes each real row's gradient n times the mean loss's
 TUNED = ["model.gnn=ggnn", "model.biases=true", "local.loss=sum", "local.batch_size=1000"]
 # the LDP presets whose model part is audited as they ship (their GNN, loss, rates), at the audit's data and sizes
 PRESETS = ("fedgnn_tuned", "quickstart")
+# what a hostile server can craft that each device accepts (its download bound, its policy's epsilon per coordinate):
+# (config overrides, std of the item rows it sends). Each scales the weight gradients up to the clip, where their
+# sign pattern survives the noise
+CRAFTED = {
+    "as trained (no crafting)": ([], AUDIT_ROW_STD),
+    "item rows sent at 1.0 per entry": ([], 1.0),
+    "clip 0.001 with noise 0.002 (the same epsilon per coordinate)": (
+        ["privacy.clip_delta=0.001", "privacy.noise_lambda=0.002"], AUDIT_ROW_STD),
+    "delta uploads of 100 steps at rate 1e-9": (["local.upload=delta", "local.steps=100", "local.lr=1e-9"],
+                                                AUDIT_ROW_STD),
+}
 
 
 def main() -> None:
@@ -43,6 +55,9 @@ def main() -> None:
     ap.add_argument("--map-std", type=float, default=AUDIT_MAP_STD,
                     help="the GGNN model's item-bias map per entry: a trained one's (default) or one a server crafts")
     ap.add_argument("--repeats", type=int, default=3, help="runs, each with fresh device secrets (default: 3)")
+    ap.add_argument("--crafted", action="store_true",
+                    help="only the model-gradient attack on the LDP presets under what a hostile server crafts "
+                         "(CRAFTED), written to benchmarks/results/privacy_attack_crafted.json")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     out_path = args.out or ("benchmarks/results/privacy_attack.json" if args.sampler == "uniform"
@@ -52,6 +67,9 @@ def main() -> None:
     base = [f"model.dim={args.dim}", "data.synthetic.num_users=60", "data.synthetic.num_items=200",
             "data.synthetic.mean_degree=15", "privacy.pseudo_items=100", "data.cache_dir=.cache/fedrec",
             f"privacy.pseudo_sampler={args.sampler}"]
+    if args.crafted:
+        crafted(base, args.users, args.repeats, args.out or "benchmarks/results/privacy_attack_crafted.json")
+        return
     settings = {
         "pseudo rows + LDP (default)": (load_config("fedgnn_paper", "synthetic", base), "protected"),
         "pseudo rows, no LDP": (load_config("fedgnn_paper", "synthetic", [*base, "privacy.ldp=false"]), "protected"),
@@ -95,6 +113,26 @@ def main() -> None:
         "repeats": args.repeats, "auc": summary([run["auc"] for run in runs]),
         "model_gradient_auc": summary([run["model_gradient_auc"] for run in runs]), "runs": runs,
         "date": date.today().isoformat()}, indent=1))
+
+
+def crafted(base: list[str], users: int, repeats: int, out_path: str) -> None:
+    """The model-gradient attack on the paper's preset and each LDP preset under each of CRAFTED, `repeats` runs
+    with fresh device secrets: what a server that crafts its downloads or the run's settings (within every device
+    check) reads off the weight gradients. Writes the mean, sample std and largest AUC per (preset, crafting)."""
+    runs = []
+    for r in range(repeats):
+        out = {}
+        for preset in ("fedgnn_paper", *PRESETS):  # the paper's own (GAT, mean loss) too
+            for name, (extra, row_std) in CRAFTED.items():
+                auc = model_gradient_auc(load_config(preset, "synthetic", [*base, *extra]), users, AUDIT_MAP_STD,
+                                         row_std)
+                out[f"{preset}, {name}"] = auc
+                print(f"[run {r}] {preset}, {name}: " + "  ".join(f"{k}={v:.3f}" for k, v in auc.items()), flush=True)
+        runs.append(out)
+    Path(out_path).write_text(json.dumps({"base": base, "users": users, "repeats": repeats,
+                                          "crafted": {k: {"set": v[0], "row_std": v[1]} for k, v in CRAFTED.items()},
+                                          "model_gradient_auc": summary(runs), "runs": runs,
+                                          "date": date.today().isoformat()}, indent=1))
 
 
 def summary(runs: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:

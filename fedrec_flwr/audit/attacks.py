@@ -52,6 +52,9 @@ FEATURES = ("l2 norm", "l1 norm", "max |x|", "mean", "projection on mean row", "
 # data.item_features=true]`, read from checkpoint/server.pt: 0.096 at d = 32, 0.107 at d = 256). A server may send a
 # larger one: `map_std` of the attacks
 AUDIT_MAP_STD = 0.1
+# the item rows the audit's server sends, per entry: the model's initial scale (model.init_std). A server may send
+# larger ones, which scale every gradient up to the clip: `row_std` of the attacks
+AUDIT_ROW_STD = 0.1
 AUDIT_STREAM = 9  # the audited device's stream for its step (`user_rng`): fresh with every device secret
 
 
@@ -104,10 +107,12 @@ class UserStep(NamedTuple):
         return protected_upload(DeviceSections.from_config(cfg), self.state, self.data, step, self.rng)
 
 
-def user_steps(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_STD) -> Iterator[UserStep]:
+def user_steps(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_STD,
+               row_std: float = AUDIT_ROW_STD) -> Iterator[UserStep]:
     """For each of the first `users` users with >= 3 ratings, one local step on an untrained seeded model (its
     item-bias map, where it has one, drawn at `map_std` per entry: a trained one's by default, larger for a server
-    that crafts it).
+    that crafts it), with the item rows sent drawn at `row_std` per entry (the model's initial scale by default,
+    larger for a server that crafts them).
 
     The model is seeded by cfg.seed and the rows sent to user u by u; the device's draws (its pseudo items, pseudo
     rows and noise) come from its secret, so a config with fixed device secrets yields the same numbers in every run
@@ -134,7 +139,7 @@ def user_steps(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_STD) -> It
         state = init_user_state(device_cfg, meta, data, popularity)
         model.load_state_dict(initial)  # every user steps from the same model (delta uploads move it locally)
         server = np.random.default_rng(u)  # the rows the server sends user u: the same in every run
-        sent = (server.standard_normal((state.anonymity_ids.size, row_width(cfg.model))) * 0.1).astype(np.float32)
+        sent = (server.standard_normal((state.anonymity_ids.size, row_width(cfg.model))) * row_std).astype(np.float32)
         rng = user_rng(device_cfg.secret, u, AUDIT_STREAM)  # the device's own draws: its noise and pseudo rows
         step = local_gradients(device_cfg, model, state, data, sent, rng)
         grads, real_rows = step.model_grads, step.real_rows
@@ -167,7 +172,8 @@ def within_upload_auc(cfg: AppConfig, users: int, mode: str, map_std: float = AU
     return np.maximum(mean, 1 - mean)
 
 
-def model_gradient_auc(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_STD) -> dict[str, float]:
+def model_gradient_auc(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_STD,
+                       row_std: float = AUDIT_ROW_STD) -> dict[str, float]:
     """Can the model part of an upload point at the real items? AUC of "real items score higher",
     averaged over users, not folded (0.5 = chance; the direction is known in advance).
 
@@ -183,7 +189,7 @@ def model_gradient_auc(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_ST
     d = cfg.model.dim
     per_weight: dict[int, list[float]] = {}
     feature_map: list[float] = []
-    for step in user_steps(cfg, users, map_std):
+    for step in user_steps(cfg, users, map_std, row_std):
         upload = step.upload(cfg)
         for i, p in enumerate(step.model.parameters()):
             if p.dim() < 2 or p.shape[-1] != d or p.shape[-2] != d:
