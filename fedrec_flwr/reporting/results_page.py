@@ -84,7 +84,7 @@ def _fppdm_rows() -> list[Row]:
 ROWS: tuple[Row, ...] = (
     Row(algorithm="FedGNN, `fedgnn_tuned` (GGNN + biases, ids only)", dataset="ML-100K (u1)",
         metric="test RMSE after 700 rounds (chosen on a validation holdout)",
-        source="cold-user-switches/converged-fedgnn_tuned-ml-100k.json", where={"holdout": "test", "rounds": 700},
+        source="ldp-mean-weights/converged-fedgnn_tuned-ml-100k.json", where={"holdout": "test", "rounds": 700},
         value="final.rmse", paper=ML100K_PAPERS, budget=FEDGNN_LDP_SECRET,
         command="fedrec run --preset fedgnn_tuned --dataset ml-100k --data-dir DATA --seed S",
         readme=True),
@@ -99,7 +99,7 @@ ROWS: tuple[Row, ...] = (
         readme=True),
     Row(algorithm="FedGNN, `fedgnn_tuned` (GGNN + biases, ids only)", dataset="Douban (sRGCNN 3000 x 3000)",
         metric="test RMSE after 300 rounds (chosen on a validation holdout)",
-        source="cold-user-switches/converged-fedgnn_tuned-douban.json", where={"holdout": "test", "rounds": 300},
+        source="ldp-mean-weights/converged-fedgnn_tuned-douban.json", where={"holdout": "test", "rounds": 300},
         value="final.rmse", paper=DOUBAN_PAPERS, budget=FEDGNN_LDP_SECRET,
         command="fedrec run --preset fedgnn_tuned --dataset douban --data-dir DATA --seed S",
         readme=True),
