@@ -44,6 +44,16 @@ def groups(ds) -> dict[str, np.ndarray]:
             "rest": users[per_user > 5]}
 
 
+def load_variant(name: str, data_dir: str, target: float, cold: float, extra: list[str] = (),
+                 preset: str = "fedgnn_user_dp"):
+    """(dataset, label) of a variant: `name` with `target` training ratings a user and `cold` of its users cold (target
+    0: the full split), `extra` data overrides: what the private baselines score, as `cell` builds it."""
+    cold = cold if target else 0.0
+    cfg = load_config(preset, name, [f"data.data_dir={data_dir}", f"data.train_per_user={target}",
+                                     f"data.cold_fraction={cold}", *extra])
+    return load_from_config(cfg.data), " ".join([name, *extra]) + (f", {target:g} a user" if target else ", full")
+
+
 def group_rmses(ds, predictions: list[np.ndarray]) -> dict[str, float]:
     """Each user group's (`groups`) test RMSE of `predictions` (arrays over every test rating of `ds`, one per noise
     draw), the mean over the draws: a private baseline scored on the same ratings, per group, as the models are."""

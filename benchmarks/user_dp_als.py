@@ -37,9 +37,7 @@ import numpy as np
 from scipy import sparse
 
 from benchmarks.common import add_data_dir, markdown_table
-from benchmarks.sparse_variants import group_rmses
-from fedrec_flwr.config import load_config
-from fedrec_flwr.data import load_from_config
+from benchmarks.sparse_variants import group_rmses, load_variant
 from fedrec_flwr.fedgnn.accounting import gaussian_releases_sigma
 from fedrec_flwr.fsutil import atomic_write
 
@@ -150,11 +148,7 @@ def main() -> None:
     for name in args.datasets:
         for target in args.targets:
             cold = args.cold if target else 0.0
-            cfg = load_config("fedgnn_user_dp", name, [f"data.data_dir={args.data_dir}",
-                                                       f"data.train_per_user={target}", f"data.cold_fraction={cold}",
-                                                       *args.extra])
-            ds = load_from_config(cfg.data)
-            label = " ".join([name, *args.extra]) + (f", {target:g} a user" if target else ", full")
+            ds, label = load_variant(name, args.data_dir, target, args.cold, args.extra)
             for eps in epsilons:
                 for rank in args.ranks:
                     found = best_cell(ds, rank, eps, args.seeds)

@@ -32,9 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import add_data_dir, markdown_table
-from benchmarks.sparse_variants import group_rmses
-from fedrec_flwr.config import load_config
-from fedrec_flwr.data import load_from_config
+from benchmarks.sparse_variants import group_rmses, load_variant
 from fedrec_flwr.fedgnn.accounting import gaussian_releases_sigma
 from fedrec_flwr.fsutil import atomic_write
 
@@ -100,16 +98,12 @@ def main() -> None:
     for name in args.datasets:
         for target in args.targets:
             cold = args.cold if target else 0.0
-            cfg = load_config("fedgnn_user_dp", name, [f"data.data_dir={args.data_dir}",
-                                                       f"data.train_per_user={target}", f"data.cold_fraction={cold}",
-                                                       *args.extra])
-            ds = load_from_config(cfg.data)
+            ds, label = load_variant(name, args.data_dir, target, args.cold, args.extra)
             for eps in args.epsilons:
                 sigma = gaussian_releases_sigma(1, eps)
                 found = best_release(ds, sigma, args.seeds)
                 doc["cells"].append({"dataset": name, "set": list(args.extra), "train_per_user": target,
                                      "cold_fraction": cold, "epsilon": eps, "sigma": sigma, **found})
-                label = " ".join([name, *args.extra]) + (f", {target:g} a user" if target else ", full")
                 groups_text = ", ".join(f"{g} {v:.4f}" for g, v in found["groups"].items() if g != "all")
                 rows.append([label, eps, f"{sigma:.3f}", f"{found['rmse']:.4f}", groups_text,
                              json.dumps(found["best"])])
