@@ -4,8 +4,9 @@
 
 Runs `make run` `--repeats` times one after another and records, per run: the command's wall
 time, the run's own wall time (results.json), the rounds before training (popularity reports and
-registration; the ClientApp processes' start is in them), the median training round and the final RMSE; then the
-medians. Run it on an otherwise idle machine: the number it measures is what a newcomer waits.
+registration; the ClientApp processes' start is in them), the median training round, how much longer the last
+tenth of the training rounds take than the first tenth (a state that grows with the rounds shows here) and the
+final RMSE; then the medians. Run it on an otherwise idle machine: the number it measures is what a newcomer waits.
 """
 
 from __future__ import annotations
@@ -43,7 +44,15 @@ def one_run() -> dict:
     before = sum(float(r["round_seconds"]) for r in rows if r["phase"] in ("popularity", "register"))
     return {"make_run_seconds": wall, "run_wall_seconds": doc["wall_seconds"], "rounds_before_training_seconds": before,
             "train_round_median_seconds": statistics.median(train), "train_rounds": len(train),
+            "late_over_early_rounds": _late_over_early(train),
             "outside_the_run_seconds": wall - doc["wall_seconds"], "rmse": doc["final"]["rmse"]}
+
+
+def _late_over_early(seconds: list[float]) -> float:
+    """The median of the last tenth of the training rounds over that of the first tenth: about 1 when a round's
+    cost does not grow with the rounds before it."""
+    tenth = max(len(seconds) // 10, 1)
+    return statistics.median(seconds[-tenth:]) / statistics.median(seconds[:tenth])
 
 
 def main(argv: list[str] | None = None) -> None:

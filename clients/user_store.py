@@ -143,9 +143,12 @@ class NodeStateStore:
                 yield record
                 atomic_write(path, json.dumps(record).encode())
             return
-        record = dict(self.state.config_records.get(key) or {})
+        # Updated in place: rebuilding the record at every draw cost O(draws so far) each, so a run's rounds
+        # grew linearly longer (the record holds one entry per user and round drawn).
+        record = self.state.config_records.get(key)
+        if record is None:
+            record = self.state.config_records[key] = ConfigRecord()
         yield record
-        self.state.config_records[key] = ConfigRecord(record)
 
 
 _DRAWS_KEY = "fedgnn.draws"  # user:round -> draws made for that round (NodeStateStore.draw_attempt)
