@@ -143,8 +143,8 @@ class NodeStateStore:
                 yield record
                 atomic_write(path, json.dumps(record).encode())
             return
-        # Updated in place: rebuilding the record at every draw cost O(draws so far) each, so a run's rounds
-        # grew linearly longer (the record holds one entry per user and round drawn).
+        # updated in place: the record grows by one entry per user and round drawn, so a copy at every draw would
+        # make each round slower than the one before
         record = self.state.config_records.get(key)
         if record is None:
             record = self.state.config_records[key] = ConfigRecord()

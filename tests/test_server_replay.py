@@ -262,9 +262,8 @@ def test_registering_a_device_again_gives_the_server_the_same_anonymity_set(tiny
 
 def test_a_simulated_nodes_draw_counts_survive_the_hand_over_of_its_state():
     """A simulated node without a disk counts its draws in its node state, which Flower pickles to the ClientApp
-    process with every message and back. The counts are updated in that state in place (one entry per user and
-    round, so a rebuild at every draw made a run's rounds grow linearly longer); a round the server sends again
-    after the hand-over must still be a new attempt, never the first one's draws."""
+    process with every message and back, and updates them there in place; a round the server sends again after the
+    hand-over must still be a new attempt, never the first one's draws."""
     state = RecordDict()
     assert NodeStateStore(state).draw_attempt(3, 5) == 0
     state = pickle.loads(pickle.dumps(state))  # the next message's context, as the simulation hands it over
