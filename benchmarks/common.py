@@ -40,11 +40,12 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
     return "\n".join(lines)
 
 
-def in_process_record(cfg, log_every: int = 0, probe=None) -> dict:
+def in_process_record(cfg, log_every: int = 0, probe=None, record: bool = False) -> dict:
     """One FedGNN run of `cfg` in this process on one torch thread (`fedrec_flwr.cli.inprocess`: the round core and
     device code of `flwr run`): its final metrics, RMSE curve, accounted budget at the end, and times (a run
     resumed from its checkpoint counts the time its rounds took before). With a `probe` (see run_in_process),
-    each number it returns is kept per evaluated round too, under `probes`."""
+    each number it returns is kept per evaluated round too, under `probes`. `record`: the run also writes
+    results.json and rounds.csv to `cfg.output_dir`, as `fedrec run --in-process` does, for `fedrec plot`."""
     import torch
 
     from fedrec_flwr.cli.inprocess import run_in_process
@@ -58,7 +59,7 @@ def in_process_record(cfg, log_every: int = 0, probe=None) -> dict:
         return found
 
     started = time.time()
-    out = run_in_process(cfg, log_every=log_every, probe=None if probe is None else recording)
+    out = run_in_process(cfg, log_every=log_every, probe=None if probe is None else recording, record=record)
     evals = [h for h in out["history"] if "rmse" in h]
     extra = {"probes": {k: {str(h["round"]): h[k] for h in evals if k in h} for k in sorted(keys)}} if keys else {}
     return {**extra, "sampler": cfg.privacy.pseudo_sampler,

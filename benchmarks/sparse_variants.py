@@ -8,10 +8,13 @@
 
 For each dataset and each target (training ratings a user keeps on average; 0: the full split), the same test
 ratings are scored by the trivial baselines and the bias model, on all of them and split by user: cold users (no
-training rating), light users (1-5) and the rest. `--set KEY=VALUE ...` overrides the config of every cell (the
+training rating), light users (1-5) and the rest, and split by item: by the training ratings the item has (none,
+1-4, 5-19, 20 or more). `--set KEY=VALUE ...` overrides the config of every cell (the
 synthetic generator's scale, or a model setting) and is part of the cell's key. With --model PRESET the preset's
 federated model is also trained in-process on the variant, at its own settings, and scored exactly on the same
-ratings per group (`run_in_process(by_group=True)`). The baselines are the floor a federated model must reach on
+ratings per group (`run_in_process(by_group=True)`); `--shrinks K ...` also scores that final model at each of these
+values of model.personal_shrink (`model_at_shrink` per group): the value weighs the prediction only, never the
+training, so each is exactly what a run at that value gives. The baselines are the floor a federated model must reach on
 the variant (issue: sparse and cold users). Writes benchmarks/results/sparse_variants.json (a fresh dated file when
 it exists, unless --resume) and prints one Markdown row per cell. `--table FILE ...` prints the model runs of several
 records side by side (a column per preset and overrides) and runs nothing.
@@ -28,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import add_data_dir
-from fedrec_flwr.cli.inprocess import run_in_process
+from fedrec_flwr.cli.inprocess import item_groups, run_in_process
 from fedrec_flwr.cli.sweep import results_file
 from fedrec_flwr.config import load_config
 from fedrec_flwr.data import load_from_config
@@ -68,9 +71,9 @@ def group_rmses(ds, predictions: list[np.ndarray]) -> dict[str, float]:
 
 
 def cell(name: str, data_dir: str, target: float, cold: float, model: str | None, seed: int,
-         extra: list[str] = ()) -> dict:
-    """One dataset variant's facts and its baselines per user group (and the model's, with `model`); `extra`:
-    further config overrides."""
+         extra: list[str] = (), shrinks: list[float] = ()) -> dict:
+    """One dataset variant's facts and its baselines per user group (and the model's, with `model`, also at each
+    model.personal_shrink of `shrinks`); `extra`: further config overrides."""
     cfg = load_config(model or "fedgnn_tuned", name, [f"data.data_dir={data_dir}", f"data.train_per_user={target}",
                                                       f"data.cold_fraction={cold if target else 0}", f"seed={seed}",
                                                       *extra])
@@ -81,12 +84,25 @@ def cell(name: str, data_dir: str, target: float, cold: float, model: str | None
         n = int(np.isin(ds.test.users, users).sum())
         out["groups"][group] = {"users": int(users.size), "test_ratings": n,
                                 **(baseline_rmses(ds, users) if n else {})}
+    out["item_groups"] = {}
+    for group, items in item_groups(ds.train.items, ds.num_items).items():
+        n = int(np.isin(ds.test.items, items).sum())
+        out["item_groups"][group] = {"items": int(items.size), "test_ratings": n,
+                                     **(baseline_rmses(ds, items=items) if n else {})}
     if model:
-        run = run_in_process(cfg, log_every=50, by_group=True)
+        run = run_in_process(cfg, log_every=50, by_group=True, group_shrinks=shrinks)
         out.update(model=model, seed=seed, rounds=cfg.federation.rounds, wall_seconds=run["wall_seconds"])
+        if shrinks:
+            out["shrinks"] = [float(k) for k in shrinks]
         for group, g in run["by_user_group"].items():
             out["groups"][group]["model"] = g["rmse"]
             assert g["test_ratings"] == out["groups"][group]["test_ratings"], (group, g)  # the same ratings
+            if shrinks:
+                out["groups"][group]["model_at_shrink"] = {k: by_group[group]["rmse"]
+                                                           for k, by_group in run["by_user_group_at_shrink"].items()}
+        for group, g in run["by_item_group"].items():
+            out["item_groups"][group]["model"] = g["rmse"]
+            assert g["test_ratings"] == out["item_groups"][group]["test_ratings"], (group, g)  # the same ratings
     return out
 
 
@@ -155,6 +171,8 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/sparse_variants.json")
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--set", nargs="*", default=[], dest="extra", help="config overrides of every cell")
+    ap.add_argument("--shrinks", nargs="+", type=float, default=[],
+                    help="with --model: also score the final model at each of these model.personal_shrink values")
     ap.add_argument("--table", nargs="+", type=Path, default=None,
                     help="only print one table of these records' model runs, a column per model")
     ap.add_argument("--private-bias", nargs="+", type=Path, default=[],
@@ -163,13 +181,19 @@ def main() -> None:
     if args.table:
         print(combined_table(args.table, args.private_bias))
         return
+    if args.shrinks and (not args.model or min(args.shrinks) < 0):
+        raise SystemExit(f"--shrinks {args.shrinks}: needs --model and values >= 0 (model.personal_shrink)")
+    args.shrinks = sorted(set(args.shrinks))  # one key per set of values
+    if any(args.shrinks) and not load_config(args.model, args.datasets[0], args.extra).model.population_bias:
+        raise SystemExit(f"--shrinks {args.shrinks}: preset {args.model} has model.population_bias = false, and k > 0 "
+                         "weighs the population part it adds")
     path = results_file(Path(args.out), args.resume)
     doc = json.loads(path.read_text()) if path.exists() else {
         "command": "python -m benchmarks.sparse_variants", "machine": platform.processor() or platform.machine(),
         "date": date.today().isoformat(), "cells": []}
     def key(c: dict) -> tuple:
         return (c["dataset"], c["train_per_user"], c["cold_fraction"], tuple(c.get("set", [])), c.get("model"),
-                c.get("seed") if c.get("model") else None)
+                c.get("seed") if c.get("model") else None, tuple(c.get("shrinks", [])))
 
     done = {key(c) for c in doc["cells"]}
     print("| dataset | per user | group | users | test ratings | global mean | user mean | item mean | bias | model |")
@@ -177,9 +201,10 @@ def main() -> None:
     for name in args.datasets:
         for target in args.targets:
             want = (name, target, args.cold if target else 0.0, tuple(args.extra), args.model,
-                    args.seed if args.model else None)
+                    args.seed if args.model else None, tuple(args.shrinks))
             if want not in done:
-                doc["cells"].append(cell(name, args.data_dir, target, args.cold, args.model, args.seed, args.extra))
+                doc["cells"].append(cell(name, args.data_dir, target, args.cold, args.model, args.seed, args.extra,
+                                         args.shrinks))
                 path.write_text(json.dumps(doc, indent=1) + "\n")
             c = next(c for c in doc["cells"] if key(c) == want)
             for group, g in c["groups"].items():
@@ -189,6 +214,15 @@ def main() -> None:
                     print(f"| {label} | {target or 'full'} | {group} | {g['users']} | {g['test_ratings']} | "
                           f"{g['global_mean']:.4f} | {g['user_mean']:.4f} | {g['item_mean']:.4f} | {g['bias']:.4f} | "
                           f"{model} |")
+                    if g.get("model_at_shrink"):
+                        at = ", ".join(f"{k} -> {v:.4f}" for k, v in g["model_at_shrink"].items())
+                        print(f"|  | {group}, model.personal_shrink: {at} |")
+            for group, g in c.get("item_groups", {}).items():
+                if g["test_ratings"]:
+                    model = f"{g['model']:.4f}" if g.get("model") is not None else "-"
+                    print(f"| {' '.join([name, *args.extra])} | {target or 'full'} | items rated {group} | "
+                          f"{g['items']} items | {g['test_ratings']} | {g['global_mean']:.4f} | {g['user_mean']:.4f} | "
+                          f"{g['item_mean']:.4f} | {g['bias']:.4f} | {model} |")
     print(f"written: {path}")
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -73,7 +73,7 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5,
                    server_device: torch.device | None = None,
                probe: Callable[[FedGNNServer, Callable[..., float], Callable[[int], FedGNNUser]], dict] | None = None,
                tamper: Callable[[int, int, list[np.ndarray]], list[np.ndarray]] | None = None,
-               record: bool = False, by_group: bool = False) -> dict:
+               record: bool = False, by_group: bool = False, group_shrinks: Sequence[float] = ()) -> dict:
     """Run cfg.federation.rounds FedGNN rounds in-process through the round core; returns metrics and timings.
 
     Every user sits on one node of its own (sampling is by user id, so the numbers are those of any
@@ -87,8 +87,15 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5,
     `record`: write results.json and rounds.csv to `cfg.output_dir` with the baselines on the scored ratings, as a
     `flwr run` does (`fedrec run --in-process`), so `fedrec summary` and `fedrec plot` read it alike.
     `by_group`: the result also has `by_user_group`, the final model's exact error on the test ratings of each user
-    group (`user_group_errors`: cold, light and the rest), where sparse variants lose their accuracy.
+    group (`user_group_errors`: cold, light and the rest), and `by_item_group`, the same for the items by their
+    training ratings (`item_group_errors`): where sparse variants lose their accuracy.
+    `group_shrinks`: the result also has `by_user_group_at_shrink`, the same per group for each of these values of
+    model.personal_shrink (keyed by the value as text): it weighs the prediction only, never the training, so this
+    is exactly what the run with that value gives.
     """
+    if any(k > 0 for k in group_shrinks) and not cfg.model.population_bias:
+        raise ValueError(f"group_shrinks {list(group_shrinks)} weigh the population part, which needs "
+                         "model.population_bias = true (as model.personal_shrink does)")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     recorder = baselines_of = None
@@ -100,7 +107,8 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5,
         def baselines_of(scored: list[int]) -> tuple[dict[str, float], int]:
             return baselines_on_users(ratings, scored)
     try:
-        out = _run(cfg, parts, recorder, baselines_of, device, log_every, server_device, probe, tamper, by_group)
+        out = _run(cfg, parts, recorder, baselines_of, device, log_every, server_device, probe, tamper, by_group,
+                   group_shrinks)
     except Exception as exc:
         if recorder is not None and not recorder.finished:
             recorder.fail(f"{type(exc).__name__}: {exc}")
@@ -109,7 +117,7 @@ def run_in_process(cfg, device: torch.device | None = None, log_every: int = 5,
 
 
 def _run(cfg, parts: UserPartitions, recorder: RunRecorder | None, baselines_of, device, log_every: int,
-         server_device, probe, tamper, by_group: bool = False) -> dict:
+         server_device, probe, tamper, by_group: bool = False, group_shrinks: Sequence[float] = ()) -> dict:
     """`run_in_process`'s body, with its recorder (None: nothing written)."""
     meta = parts.meta
     server = FedGNNServer.from_config(cfg, meta.num_items, meta.scale.midpoint, server_device, meta.num_item_features)
@@ -164,8 +172,12 @@ def _run(cfg, parts: UserPartitions, recorder: RunRecorder | None, baselines_of,
         raise RunFailed(why)
     rounds.finish()  # with a recorder: results.json's final metrics and baselines, and the FINAL line
     train_secs = [h["round_seconds"] for h in history if "phase" not in h]
-    groups = user_group_errors(server, users, user, parts, meta.dataset_scale.unit_factor) if by_group else None
-    return {"by_user_group": groups, "rmse": history[-1].get("rmse"),
+    unit = meta.dataset_scale.unit_factor
+    groups = user_group_errors(server, users, user, parts, unit) if by_group else None
+    by_items = item_group_errors(server, users, user, parts, unit) if by_group else None
+    at_shrink = {f"{k:g}": user_group_errors(server, users, user, parts, unit, k) for k in group_shrinks}
+    return {"by_user_group": groups, "by_item_group": by_items, "by_user_group_at_shrink": at_shrink or None,
+            "rmse": history[-1].get("rmse"),
             "median_round_seconds": float(np.median(train_secs)),
             "clients_per_second": min(cfg.federation.clients_per_round, meta.num_users) / float(np.median(train_secs)),
             "wall_seconds": wall, "uploads_per_user": rounds.upload_counts(),
@@ -192,18 +204,52 @@ def user_groups(parts: UserPartitions, users: list[int]) -> dict[str, list[int]]
 
 
 def user_group_errors(server: FedGNNServer, users: list[int], user: Callable[[int], FedGNNUser],
-                      parts: UserPartitions, unit_factor: float) -> dict[str, dict]:
+                      parts: UserPartitions, unit_factor: float,
+                      personal_shrink: float | None = None) -> dict[str, dict]:
     """The final model's RMSE on every test rating of each user group (`user_groups`), exact (a simulation's: no
-    party of a deployment holds it), on the dataset's own scale; `users`, `test_ratings` and `rmse` per group."""
+    party of a deployment holds it), on the dataset's own scale; `users`, `test_ratings` and `rmse` per group.
+    `personal_shrink`: predict with this model.personal_shrink instead of the run's (None: the run's)."""
     weights, table = server.model_weights(), server.table()
     whole = server.device_mechanism.whole_table
     out = {}
     for name, members in {"all": users, **user_groups(parts, users)}.items():
         sse, n = 0.0, 0
         for u in members:
-            s, _, k = user(u).evaluate(weights, table if whole else table[server.anonymity_sets[u]])
+            s, _, k = user(u).evaluate(weights, table if whole else table[server.anonymity_sets[u]],
+                                       personal_shrink=personal_shrink)
             sse, n = sse + s, n + k
         out[name] = {"users": len(members), "test_ratings": n,
+                     "rmse": float(np.sqrt(sse / n)) * unit_factor if n else None}
+    return out
+
+
+# an item group holds the items with this many training ratings, lower bound included, up to the next group's
+ITEM_GROUPS = {"unrated": 0, "1-4": 1, "5-19": 5, "20+": 20}
+
+
+def item_groups(train_items: np.ndarray, num_items: int) -> dict[str, np.ndarray]:
+    """The catalogue's items by how many training ratings they have (`ITEM_GROUPS`; `train_items`, the item of every
+    training rating): where a sparse variant's item rows and the items' own terms have the least to learn from."""
+    counts = np.bincount(train_items, minlength=num_items)
+    bounds = list(ITEM_GROUPS.values()) + [np.iinfo(np.int64).max]
+    ids = np.arange(num_items)
+    return {name: ids[(counts >= lo) & (counts < hi)] for name, lo, hi in zip(ITEM_GROUPS, bounds, bounds[1:])}
+
+
+def item_group_errors(server: FedGNNServer, users: list[int], user: Callable[[int], FedGNNUser],
+                      parts: UserPartitions, unit_factor: float) -> dict[str, dict]:
+    """The final model's RMSE on every test rating of each item group (`item_groups`), exact and on the dataset's
+    own scale as `user_group_errors`; `items`, `test_ratings` and `rmse` per group."""
+    weights, table = server.model_weights(), server.table()
+    whole = server.device_mechanism.whole_table
+    out = {}
+    for name, items in item_groups(parts.ratings().train.items, parts.meta.num_items).items():
+        sse, n = 0.0, 0
+        for u in users:
+            if np.isin(parts.user(u).test_items, items).any():
+                s, _, k = user(u).evaluate(weights, table if whole else table[server.anonymity_sets[u]], items=items)
+                sse, n = sse + s, n + k
+        out[name] = {"items": int(items.size), "test_ratings": n,
                      "rmse": float(np.sqrt(sse / n)) * unit_factor if n else None}
     return out
 

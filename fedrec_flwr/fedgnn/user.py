@@ -10,7 +10,7 @@ NumPyClient.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -417,9 +417,17 @@ class FedGNNUser:
             self.state.offset = float(offset)
         self.store.save(self.user, self.state, server_round)
 
-    def evaluate(self, weights: list[np.ndarray], rows: np.ndarray, error_clip: float = float("inf")) -> ErrorSums:
-        """(SSE, SAE, n) on the user's own test ratings (each error clipped to +-error_clip)."""
+    def evaluate(self, weights: list[np.ndarray], rows: np.ndarray, error_clip: float = float("inf"),
+                 personal_shrink: float | None = None, items: np.ndarray | None = None) -> ErrorSums:
+        """(SSE, SAE, n) on the user's own test ratings (each error clipped to +-error_clip). A simulation's analyses:
+        `personal_shrink`, the k to predict with (None: the config's model.personal_shrink); `items`, score only the
+        test ratings of these items (a test item never enters the user's message, so each keeps its prediction)."""
         set_weights(self.model, weights)
-        return evaluate_user(self.model, self.state, self.data, self.item_rows(rows), self.meta.scale.low,
+        k = self.cfg.model.personal_shrink if personal_shrink is None else personal_shrink
+        data = self.data
+        if items is not None:
+            keep = np.isin(data.test_items, items)
+            data = replace(data, test_items=data.test_items[keep], test_values=data.test_values[keep])
+        return evaluate_user(self.model, self.state, data, self.item_rows(rows), self.meta.scale.low,
                              self.meta.scale.high, self.device, whole_table=self.whole_table, error_clip=error_clip,
-                             personal_shrink=self.cfg.model.personal_shrink)
+                             personal_shrink=k)

@@ -51,11 +51,12 @@ def _mean_or_global(keys: np.ndarray, values: np.ndarray, size: int, mu: float) 
     return np.where(counts > 0, _group_mean(keys, values, size), mu)
 
 
-def baseline_rmses(ds: RatingDataset, users: np.ndarray | list[int] | None = None) -> dict[str, float]:
+def baseline_rmses(ds: RatingDataset, users: np.ndarray | list[int] | None = None,
+                   items: np.ndarray | None = None) -> dict[str, float]:
     """Test RMSE of the global-mean, user-mean, item-mean and bias predictors on `ds`'s split: on every test
-    rating, or on those of `users` (the users a federated evaluation scored), so that a model and its
-    baselines are always measured on the same ratings. Fitted on the whole training split either way."""
-    tr, te = ds.train, _test_of(ds, users)
+    rating, or on those of `users` (the users a federated evaluation scored) and of `items`, so that a model and
+    its baselines are always measured on the same ratings. Fitted on the whole training split either way."""
+    tr, te = ds.train, _test_of(ds, users, items)
     low, high = ds.scale.low, ds.scale.high
     values = tr.values.astype(np.float64)
     mu = float(values.mean())
@@ -71,11 +72,15 @@ def baseline_rmses(ds: RatingDataset, users: np.ndarray | list[int] | None = Non
     }
 
 
-def _test_of(ds: RatingDataset, users: np.ndarray | list[int] | None) -> Ratings:
-    """The split's test ratings, or those of `users`."""
-    if users is None:
+def _test_of(ds: RatingDataset, users: np.ndarray | list[int] | None, items: np.ndarray | None = None) -> Ratings:
+    """The split's test ratings, or those of `users` (and of `items`)."""
+    if users is None and items is None:
         return ds.test
-    keep = np.isin(ds.test.users, np.asarray(users, np.int64))
+    keep = np.ones(len(ds.test), bool)
+    if users is not None:
+        keep &= np.isin(ds.test.users, np.asarray(users, np.int64))
+    if items is not None:
+        keep &= np.isin(ds.test.items, np.asarray(items, np.int64))
     return Ratings(ds.test.users[keep], ds.test.items[keep], ds.test.values[keep])
 
 
