@@ -90,8 +90,7 @@ ROWS: tuple[Row, ...] = (
         readme=True),
     Row(algorithm="FedGNN, `fedgnn_features` (`fedgnn_tuned` + public genres, 1,000 rounds)",
         dataset="ML-100K (u1)",
-        metric="test RMSE after 1,000 rounds (measured with summed-loss weight gradients, which LDP devices no longer "
-               "send: not re-measured)", source="fedgnn_features.json",
+        metric="test RMSE after 1,000 rounds", source="fedgnn_features.json",
         where={"dataset": "ml-100k", "privacy": True, "rounds": 1000, "sampler": "popularity"}, value="final.rmse",
         paper="0.920 / 0.910 (FedGNN / FedPerGNN, ids only, with privacy)",
         budget=FEDGNN_LDP_SECRET,
