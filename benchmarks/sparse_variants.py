@@ -17,7 +17,8 @@ values of model.personal_shrink (`model_at_shrink` per group): the value weighs 
 training, so each is exactly what a run at that value gives. The baselines are the floor a federated model must reach on
 the variant (issue: sparse and cold users). Writes benchmarks/results/sparse_variants.json (a fresh dated file when
 it exists, unless --resume) and prints one Markdown row per cell. `--table FILE ...` prints the model runs of several
-records side by side (a column per preset and overrides) and runs nothing.
+records side by side (a column per preset and overrides) and runs nothing; `--shrink-table FILE ...` and
+`--item-table FILE ...` print the `--shrinks` runs (a column per k) and the item groups the same way.
 """
 
 from __future__ import annotations
@@ -159,6 +160,61 @@ def combined_table(paths: list[Path], private_bias: list[Path] = ()) -> str:
     return "\n".join(lines)
 
 
+def _variant_label(cell: dict) -> str:
+    """A record cell's variant: its dataset, data overrides and training ratings a user."""
+    target = cell["train_per_user"]
+    return " ".join([cell["dataset"], *(x for x in cell.get("set", []) if x.startswith("data."))]) + (
+        f", {target:g} a user" if target else ", full")
+
+
+def shrink_table(paths: list[Path]) -> str:
+    """One Markdown row per (model, variant) of the records' `--shrinks` runs: the RMSE on all users at each
+    model.personal_shrink, the mean over the seeds run (the lowest in bold), beside the global mean and the bias model.
+    Where the preset's k sits against the others, variant by variant."""
+    cells = [c for path in paths for c in json.loads(path.read_text())["cells"] if c.get("shrinks")]
+    if not cells:
+        raise SystemExit(f"--shrink-table {[str(p) for p in paths]}: no cell of a --shrinks run")
+    rows: dict[tuple, list[dict]] = {}
+    for c in cells:
+        rows.setdefault((c["model"], _variant_label(c)), []).append(c)
+    ks = list(cells[0]["groups"]["all"]["model_at_shrink"])
+    head = " | ".join("population part alone" if float(k) >= 1e9 else f"k = {k}" for k in ks)
+    lines = [f"| model | variant | seeds | global mean | bias model | {head} |",
+             "|---|---|---|---|---|" + "---|" * len(ks)]
+    for (model, variant), group in rows.items():
+        means = [float(np.mean([c["groups"]["all"]["model_at_shrink"][k] for c in group])) for k in ks]
+        best = int(np.argmin(means))
+        g = group[0]["groups"]["all"]
+        lines.append(f"| `{model}` | {variant} | {len(group)} | {g['global_mean']:.4f} | {g['bias']:.4f} | "
+                     + " | ".join(f"**{m:.4f}**" if i == best else f"{m:.4f}" for i, m in enumerate(means)) + " |")
+    return "\n".join(lines)
+
+
+def item_table(paths: list[Path]) -> str:
+    """One Markdown row per (variant, item group by training ratings) of the records' model runs: its items and test
+    ratings, the baselines on those ratings and each model's RMSE (the mean over the seeds run): which items a model
+    loses its accuracy on against the bias model."""
+    cells = [c for path in paths for c in json.loads(path.read_text())["cells"]
+             if c.get("model") and c.get("item_groups")]
+    if not cells:
+        raise SystemExit(f"--item-table {[str(p) for p in paths]}: no model cell with item groups")
+    models = list(dict.fromkeys(c["model"] for c in cells))
+    rows: dict[tuple, dict] = {}
+    for c in cells:
+        for group, g in c["item_groups"].items():
+            if g["test_ratings"]:
+                row = rows.setdefault((_variant_label(c), group), {"g": g})
+                row.setdefault(c["model"], []).append(g["model"])
+    lines = ["| variant | items rated | items: test ratings | global mean | item mean | bias model | "
+             + " | ".join(f"`{m}`" for m in models) + " |", "|---|---|---|---|---|---|" + "---|" * len(models)]
+    for (variant, group), row in rows.items():
+        g = row["g"]
+        lines.append(f"| {variant} | {group} | {g['items']:,}: {g['test_ratings']:,} | {g['global_mean']:.4f} | "
+                     f"{g['item_mean']:.4f} | {g['bias']:.4f} | "
+                     + " | ".join(f"{np.mean(row[m]):.4f}" if m in row else "" for m in models) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     """Every (dataset, target) cell; resumable."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -175,11 +231,18 @@ def main() -> None:
                     help="with --model: also score the final model at each of these model.personal_shrink values")
     ap.add_argument("--table", nargs="+", type=Path, default=None,
                     help="only print one table of these records' model runs, a column per model")
+    ap.add_argument("--shrink-table", nargs="+", type=Path, default=None,
+                    help="only print the RMSE at each --shrinks value of these records' runs, a row per variant")
+    ap.add_argument("--item-table", nargs="+", type=Path, default=None,
+                    help="only print these records' model runs by item group (the items' training ratings)")
     ap.add_argument("--private-bias", nargs="+", type=Path, default=[],
                     help="with --table: user_dp_bias_release / user_dp_als records of the same variants, a column")
     args = ap.parse_args()
     if args.table:
         print(combined_table(args.table, args.private_bias))
+        return
+    if args.shrink_table or args.item_table:
+        print(shrink_table(args.shrink_table) if args.shrink_table else item_table(args.item_table))
         return
     if args.shrinks and (not args.model or min(args.shrinks) < 0):
         raise SystemExit(f"--shrinks {args.shrinks}: needs --model and values >= 0 (model.personal_shrink)")
