@@ -192,9 +192,9 @@ def shrink_table(paths: list[Path]) -> str:
 
 def item_table(paths: list[Path]) -> str:
     """One Markdown row per (variant, item group by training ratings) of the records' model runs: its items and test
-    ratings, the baselines on those ratings and each model's RMSE (the mean over the seeds run) with the group's share
-    of the model's summed squared error above the bias model's on the variant: which items a model loses its
-    accuracy on against the bias model."""
+    ratings, the baselines on those ratings and each model's RMSE (the mean over the seeds run) with what the group adds
+    to the model's mean squared error above the bias model's on the whole variant (the groups' terms add up to the
+    variant's): which items a model loses its accuracy on against the bias model."""
     cells = [c for path in paths for c in json.loads(path.read_text())["cells"]
              if c.get("model") and c.get("item_groups")]
     if not cells:
@@ -212,14 +212,12 @@ def item_table(paths: list[Path]) -> str:
         g = row["g"]
         return g["test_ratings"] * (float(np.mean(row[model])) ** 2 - g["bias"] ** 2)
 
-    totals: dict[tuple, float] = {}
+    ratings: dict[str, int] = {}
     for (variant, _), row in rows.items():
-        for m in models:
-            if m in row:
-                totals[variant, m] = totals.get((variant, m), 0.0) + excess(row, m)
+        ratings[variant] = ratings.get(variant, 0) + row["g"]["test_ratings"]
     for (variant, group), row in rows.items():
         g = row["g"]
-        cells_of = [f"{np.mean(row[m]):.4f} ({excess(row, m) / totals[variant, m]:.0%})" if m in row else ""
+        cells_of = [f"{np.mean(row[m]):.4f} ({excess(row, m) / ratings[variant]:+.4f})" if m in row else ""
                     for m in models]
         lines.append(f"| {variant} | {group} | {g['items']:,}: {g['test_ratings']:,} | {g['global_mean']:.4f} | "
                      f"{g['item_mean']:.4f} | {g['bias']:.4f} | " + " | ".join(cells_of) + " |")
