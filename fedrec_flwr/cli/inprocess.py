@@ -203,23 +203,35 @@ def user_groups(parts: UserPartitions, users: list[int]) -> dict[str, list[int]]
             "rest": [u for u in users if counts[u] > LIGHT_USER_RATINGS]}
 
 
+def _user_errors(server: FedGNNServer, users: list[int], user: Callable[[int], FedGNNUser],
+                 **evaluate_args) -> dict[int, tuple[float, int]]:
+    """Each user's (SSE, n) of the final model on its test ratings (`FedGNNUser.evaluate` with `evaluate_args`)."""
+    weights, table = server.model_weights(), server.table()
+    whole = server.device_mechanism.whole_table
+    out = {}
+    for u in users:
+        sse, _, n = user(u).evaluate(weights, table if whole else table[server.anonymity_sets[u]], **evaluate_args)
+        out[u] = (sse, n)
+    return out
+
+
+def _rmse_of(errors: dict[int, tuple[float, int]], members, unit_factor: float) -> tuple[float | None, int]:
+    """(RMSE on the dataset's own scale or None without ratings, ratings) of `members`' summed `errors`."""
+    sse, n = sum(errors[u][0] for u in members), sum(errors[u][1] for u in members)
+    return (float(np.sqrt(sse / n)) * unit_factor if n else None), n
+
+
 def user_group_errors(server: FedGNNServer, users: list[int], user: Callable[[int], FedGNNUser],
                       parts: UserPartitions, unit_factor: float,
                       personal_shrink: float | None = None) -> dict[str, dict]:
     """The final model's RMSE on every test rating of each user group (`user_groups`), exact (a simulation's: no
     party of a deployment holds it), on the dataset's own scale; `users`, `test_ratings` and `rmse` per group.
     `personal_shrink`: predict with this model.personal_shrink instead of the run's (None: the run's)."""
-    weights, table = server.model_weights(), server.table()
-    whole = server.device_mechanism.whole_table
+    errors = _user_errors(server, users, user, personal_shrink=personal_shrink)
     out = {}
     for name, members in {"all": users, **user_groups(parts, users)}.items():
-        sse, n = 0.0, 0
-        for u in members:
-            s, _, k = user(u).evaluate(weights, table if whole else table[server.anonymity_sets[u]],
-                                       personal_shrink=personal_shrink)
-            sse, n = sse + s, n + k
-        out[name] = {"users": len(members), "test_ratings": n,
-                     "rmse": float(np.sqrt(sse / n)) * unit_factor if n else None}
+        rmse, n = _rmse_of(errors, members, unit_factor)
+        out[name] = {"users": len(members), "test_ratings": n, "rmse": rmse}
     return out
 
 
@@ -240,17 +252,11 @@ def item_group_errors(server: FedGNNServer, users: list[int], user: Callable[[in
                       parts: UserPartitions, unit_factor: float) -> dict[str, dict]:
     """The final model's RMSE on every test rating of each item group (`item_groups`), exact and on the dataset's
     own scale as `user_group_errors`; `items`, `test_ratings` and `rmse` per group."""
-    weights, table = server.model_weights(), server.table()
-    whole = server.device_mechanism.whole_table
     out = {}
     for name, items in item_groups(parts.ratings().train.items, parts.meta.num_items).items():
-        sse, n = 0.0, 0
-        for u in users:
-            if np.isin(parts.user(u).test_items, items).any():
-                s, _, k = user(u).evaluate(weights, table if whole else table[server.anonymity_sets[u]], items=items)
-                sse, n = sse + s, n + k
-        out[name] = {"items": int(items.size), "test_ratings": n,
-                     "rmse": float(np.sqrt(sse / n)) * unit_factor if n else None}
+        members = [u for u in users if np.isin(parts.user(u).test_items, items).any()]
+        rmse, n = _rmse_of(_user_errors(server, members, user, items=items), members, unit_factor)
+        out[name] = {"items": int(items.size), "test_ratings": n, "rmse": rmse}
     return out
 
 
