@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from fedrec_flwr.data import UserData
-from fedrec_flwr.fedgnn.local_step import LocalStep
+from fedrec_flwr.fedgnn.local_step import LocalStep, MapTerms
 from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.fedgnn.user import DeviceSections, _features_of, ready
 from fedrec_flwr.metrics import ErrorSums, squared_error_sum
@@ -59,6 +59,13 @@ def pyg_local_step(
     neigh_x = torch.from_numpy(state.neighbours).to(device)
     batch = build_star_batch([data.train_items.size], None, [state.neighbours.shape[0]]).to(device)
     params = list(model.parameters())
+    # the item-bias map's slopes (d loss / d prediction of each rated item) and the set's inputs as sent, for the
+    # pseudo items' map terms of an anonymity-set upload
+    maps_at = [k for k, p in enumerate(params) if p is model.item_bias_map] if cfg.privacy.mode != "user_dp" else []
+    slopes = torch.zeros(data.train_items.size, device=device)
+    with torch.no_grad():
+        set_x = model.item_input(torch.from_numpy(item_rows).to(device),
+                                 _features_of(data, state.anonymity_ids, device))[:, : model.dim].clone()
     grad_sum = [torch.zeros_like(p) for p in params]
     row_grad = torch.zeros_like(items_x)
     losses = []
@@ -70,6 +77,8 @@ def pyg_local_step(
         pred, _ = model(batch, user_x, model.item_input(items_x, features), None, neigh_x)
         loss = torch.mean((pred[pick] + offset - targets[pick]) ** 2)
         full = [p for p in params if p is not pop_bias]  # b_pop is not in the full prediction
+        if maps_at:
+            slopes += torch.autograd.grad(loss, pred, retain_graph=True)[0]
         grads = list(torch.autograd.grad(loss + shrink * offset ** 2,
                                          [*full, items_x, user_x, *([offset] if private else [])]))
         if private:
@@ -111,12 +120,14 @@ def pyg_local_step(
             if private:
                 offset -= cfg.local.user_lr * g_off[0]
     steps = 1 if delta else cfg.local.steps  # delta: the whole local change over lr; gradient: the mean
+    maps = MapTerms(tuple(maps_at), (slopes / steps)[:, None].cpu().numpy(), set_x.cpu().numpy()) if maps_at else None
     return LocalStep(
         [(g / steps).cpu().numpy() for g in grad_sum],
         (row_grad / steps).cpu().numpy(),
         user_x.detach()[0].cpu().numpy(),
         float(np.mean(losses)),
         float(offset.detach()),
+        maps,
     )
 
 

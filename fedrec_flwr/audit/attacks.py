@@ -30,7 +30,7 @@ from scipy import stats
 
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
-from fedrec_flwr.fedgnn.local_step import LocalStep, local_gradients, protected_upload
+from fedrec_flwr.fedgnn.local_step import ITEM_MAPS, LocalStep, MapTerms, local_gradients, protected_upload
 from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.fedgnn.user import (
     DeviceSections,
@@ -100,10 +100,14 @@ class UserStep(NamedTuple):
     real_rows: np.ndarray
     rng: np.random.Generator
     is_real: np.ndarray
+    maps: MapTerms | None = None  # the item maps' slopes and the set's inputs, for the upload's pseudo terms
 
-    def upload(self, cfg: AppConfig) -> list[np.ndarray]:
-        """The protected upload of this step, as the device sends it (pseudo rows and noise from `rng`)."""
-        step = LocalStep(self.grads, self.real_rows, self.state.embedding, 0.0, self.state.offset)
+    def upload(self, cfg: AppConfig, map_terms: bool = True) -> list[np.ndarray]:
+        """The protected upload of this step, as the device sends it (pseudo rows and noise from `rng`); with
+        `map_terms` false, without the pseudo items' terms in the item maps' gradients (a strawman: the attacks'
+        power)."""
+        step = LocalStep(self.grads, self.real_rows, self.state.embedding, 0.0, self.state.offset,
+                         self.maps if map_terms else None)
         return protected_upload(DeviceSections.from_config(cfg), self.state, self.data, step, self.rng)
 
 
@@ -143,7 +147,8 @@ def user_steps(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_STD,
         rng = user_rng(device_cfg.secret, u, AUDIT_STREAM)  # the device's own draws: its noise and pseudo rows
         step = local_gradients(device_cfg, model, state, data, sent, rng)
         grads, real_rows = step.model_grads, step.real_rows
-        yield UserStep(model, data, state, sent, grads, real_rows, rng, np.isin(state.anonymity_ids, data.train_items))
+        yield UserStep(model, data, state, sent, grads, real_rows, rng, np.isin(state.anonymity_ids, data.train_items),
+                       step.maps)
 
 
 def separation_auc(scores: np.ndarray, is_real: np.ndarray) -> float:
@@ -173,7 +178,7 @@ def within_upload_auc(cfg: AppConfig, users: int, mode: str, map_std: float = AU
 
 
 def model_gradient_auc(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_STD,
-                       row_std: float = AUDIT_ROW_STD) -> dict[str, float]:
+                       row_std: float = AUDIT_ROW_STD, map_terms: bool = True) -> dict[str, float]:
     """Can the model part of an upload point at the real items? AUC of "real items score higher",
     averaged over users, not folded (0.5 = chance; the direction is known in advance).
 
@@ -183,14 +188,34 @@ def model_gradient_auc(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_ST
     rows; item j scores its sent row's largest |projection| on them (the best d x d weight reported).
     "feature map" (models with public item features): the map's gradient is the sum over real j
     of f_j (x) g_j, so item j scores <map gradient, f_j (x) its uploaded row g_j>.
+    "sent rows vs map gradients" (models with an item map, model.biases or model.population_readout): a map w
+    that reads an item's input x_j (w.x_j in the prediction) has the gradient sum over real j of c_j x_j, c_j the
+    loss's slope at that prediction, so item j scores |<map gradient, x_j>| (the best map reported); and "map
+    gradient vs uploaded row": the uploaded row carries c_j w too, so item j scores <map gradient, x_j> times
+    <its uploaded row, w> (the best map reported).
     With model.item_bias both read the embedding part of a row (its first dim columns), where the
-    weights and the feature map act; the bias column is not seen by them.
+    weights and the feature map act; the bias column is not seen by them. `map_terms` false: the uploads without the
+    pseudo items' map terms (`fedgnn.local_step.MapTerms`), which shows what the map attacks find without them.
     """
     d = cfg.model.dim
     per_weight: dict[int, list[float]] = {}
     feature_map: list[float] = []
+    per_map: dict[str, list[float]] = {}
+    per_map_row: dict[str, list[float]] = {}
     for step in user_steps(cfg, users, map_std, row_std):
-        upload = step.upload(cfg)
+        upload = step.upload(cfg, map_terms)
+        names = [n for n, _ in step.model.named_parameters()]
+        inputs = step.sent[:, :d]
+        if step.data.item_features is not None:  # x_j = e_j + f_j W: the server sent W and knows f_j
+            inputs = inputs + step.data.item_features[step.state.anonymity_ids] @ step.model.item_feature_map.detach(
+            ).numpy()
+        for name in ITEM_MAPS:
+            if name not in names or getattr(step.model, name) is None:
+                continue
+            read = inputs @ upload[names.index(name)].reshape(-1)
+            per_map.setdefault(name, []).append(separation_auc(np.abs(read), step.is_real))
+            along = upload[-1][:, :d] @ getattr(step.model, name).detach().numpy()
+            per_map_row.setdefault(name, []).append(separation_auc(read * along, step.is_real))
         for i, p in enumerate(step.model.parameters()):
             if p.dim() < 2 or p.shape[-1] != d or p.shape[-2] != d:
                 continue
@@ -203,6 +228,9 @@ def model_gradient_auc(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_ST
             feature_map.append(separation_auc(np.einsum("jk,kl,jl->j", features, g_map, upload[-1][:, :d]),
                                               step.is_real))
     out = {"sent rows vs weight gradients": max(float(np.mean(v)) for v in per_weight.values())}
+    if per_map:
+        out["sent rows vs map gradients"] = max(float(np.mean(v)) for v in per_map.values())
+        out["map gradient vs uploaded row"] = max(float(np.mean(v)) for v in per_map_row.values())
     if feature_map:
         out["feature map"] = float(np.mean(feature_map))
     return out

@@ -65,6 +65,26 @@ def _dropped(g: DenseStars, masks) -> DenseStars:
     return g._replace(user=g.user * masks[0], items=g.items * masks[1], neighbours=g.neighbours * masks[2])
 
 
+# the model's maps of an item's input row into a prediction term w.x_j (model.biases, model.population_readout), in
+# model.parameters() order: each one's gradient is a sum over the rated items of c_j x_j, c_j the loss's slope at
+# that term, so its upload needs pseudo terms beside the pseudo rows (`protect`)
+ITEM_MAPS = ("item_bias_map", "population_item_map")
+
+
+class MapTerms(NamedTuple):
+    """What the pseudo terms of the item maps' gradients need (`protect`), for one user (numpy) or a batch (tensors).
+
+    The gradient of a map w that reads item inputs (w.x_j) is the sum over the rated items of c_j x_j, and the server
+    knows every x_j it sent: |<gradient, x_j>| and its product with the uploaded row's part along w point at the rated
+    items (`audit.attacks.model_gradient_auc`). So each pseudo item adds c'_j x_j too, c'_j drawn with its pseudo row
+    from one Gaussian fitted to the rated items' (row, c_j) pairs: the pseudo items then match the rated ones in the
+    map's gradient as their rows do in the row part."""
+
+    at: tuple[int, ...]  # where each map sits among the model weights
+    coefs: np.ndarray | torch.Tensor  # [(B,) T, maps]: c_j of each rated item (slots past a user's count: padding)
+    inputs: list[np.ndarray] | list[torch.Tensor] | np.ndarray  # (per user) [set size, dim]: x_j of the anonymity set
+
+
 class LocalStep(NamedTuple):
     """One user's local computation: the upload's raw parts and the device's new private state (numpy)."""
 
@@ -73,6 +93,7 @@ class LocalStep(NamedTuple):
     embedding: np.ndarray  # the updated private user embedding
     loss: float
     offset: float  # the updated private rating offset (model.user_offset; unchanged otherwise)
+    maps: MapTerms | None = None  # the item maps' slopes and the set's inputs, where pseudo terms need them
 
 
 class StepBatch(NamedTuple):
@@ -84,12 +105,16 @@ class StepBatch(NamedTuple):
     embeddings: np.ndarray  # [B, d]
     losses: np.ndarray  # [B]
     offsets: np.ndarray  # [B]
+    maps: MapTerms | None = None  # the item maps' slopes and each set's inputs (anonymity sets with item maps only)
 
     def user(self, k: int) -> LocalStep:
         """User k's step as numpy arrays."""
+        maps = None if self.maps is None else MapTerms(
+            self.maps.at, self.maps.coefs[k, : self.counts[k]].detach().cpu().numpy(),
+            self.maps.inputs[k].detach().cpu().numpy())
         return LocalStep([g[k].detach().cpu().numpy() for g in self.model_grads],
                          self.rows[k, : self.counts[k]].detach().cpu().numpy(), self.embeddings[k],
-                         float(self.losses[k]), float(self.offsets[k]))
+                         float(self.losses[k]), float(self.offsets[k]), maps)
 
 
 def idle_steps(model: RatingGNN, states: list[UserState], width: int, device: torch.device) -> StepBatch:
@@ -127,6 +152,7 @@ class StepRule(NamedTuple):
     offset_reg: float  # model.user_offset_reg: k, the offset's shrinkage in pseudo-ratings
     population_bias: bool  # model.population_bias: b_pop, the population part's own global bias, trains
     population_item_weight: float  # model.population_item_weight: the population loss's weight on the items' terms
+    population_readout: bool  # model.population_readout: the population part's own map w_pop trains on its loss
 
     @classmethod
     def of(cls, cfg: DeviceSections) -> StepRule:
@@ -136,7 +162,7 @@ class StepRule(NamedTuple):
         sum_model = sum_loss and privacy_mode(cfg.privacy.mode).part("Device").sums_model_loss
         return cls(local.steps, local.batch_size, local.user_steps, local.user_lr, local.lr, cfg.privacy.clip_delta,
                    sum_loss, sum_model, local.upload == "delta", cfg.model.user_offset, cfg.model.user_offset_reg,
-                   cfg.model.population_bias, cfg.model.population_item_weight)
+                   cfg.model.population_bias, cfg.model.population_item_weight, cfg.model.population_readout)
 
     def uploaded(self, grads: StepGrads, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
         """(model part, row part) of the step that enters the upload: the gradient, times each user's pick size
@@ -190,6 +216,10 @@ class StarBatch:
         self.leaves = list(self.params.values())  # in model.parameters() order, as uploads carry them
         # where b_pop (model.population_bias) sits among the model weights, or None
         self.population_at = list(self.params).index("population_bias") if "population_bias" in self.params else None
+        self.map_names = list(self.params)  # the model weights' names, in upload order
+        # where w_pop (model.population_readout) sits, or None
+        self.readout_at = (list(self.params).index("population_item_map") if "population_item_map" in self.params
+                           else None)
         self.item_input = (self._rows_as_given if self.features is None
                            else self._features_into_embedding if self.item_bias else self._features_added)
 
@@ -212,10 +242,27 @@ class StarBatch:
                                self.device)
         return dense_predict(self.model, self.params, raw, _dropped(raw, masks), b_items) + self.offset[:, None]
 
+    def errors(self, detach_items: bool = False) -> torch.Tensor:
+        """r_hat - r on every padded row, [B, T]."""
+        x = self.item_input(self.items)
+        return self.predict(x.detach() if detach_items else x) - self.targets
+
     def squared_errors(self, detach_items: bool = False) -> torch.Tensor:
         """(r_hat - r)^2 on every padded row, [B, T]."""
-        x = self.item_input(self.items)
-        return (self.predict(x.detach() if detach_items else x) - self.targets) ** 2
+        return self.errors(detach_items) ** 2
+
+    def set_inputs(self, rows: list[np.ndarray], states: list[UserState], datas: list[UserData]) -> list[torch.Tensor]:
+        """Each user's item inputs x_j [set size, dim] of its whole anonymity set (`rows`, as sent, in the order of
+        its ids), as its item maps read them: the embedding part, plus the mapped public features."""
+        d = self.dim
+        out = []
+        for k, (r, st, data) in enumerate(zip(rows, states, datas)):
+            x = torch.from_numpy(np.asarray(r[:, :d], np.float32)).to(self.device)
+            if self.features is not None:
+                f = torch.from_numpy(np.asarray(data.item_features[st.anonymity_ids], np.float32)).to(self.device)
+                x = x + f @ self.params["item_feature_map"][k].detach()
+            out.append(x)
+        return out
 
     def population_residuals(self) -> torch.Tensor:
         """[B, T]: b_pop + t_i - r on every padded row, the population part's error (b_pop, model.population_bias, and
@@ -223,7 +270,10 @@ class StarBatch:
         t_i (model.population_item_weight trains it), not in b_pop, whose gradient is `population_bias_gradient`."""
         x = self.item_input(self.items)
         d = self.dim
-        terms = item_own_terms(x[..., :d], self.params.get("item_bias_map"), x[..., d] if self.item_bias else None)
+        own_map = self.params.get("item_bias_map")
+        if self.readout_at is not None:  # w_pop reads rows the population loss leaves alone
+            x, own_map = x.detach(), self.params["population_item_map"]
+        terms = item_own_terms(x[..., :d], own_map, x[..., d] if self.item_bias else None)
         return self.params["population_bias"].detach()[:, None] + terms - self.targets
 
     def gradients(self, loss: torch.Tensor) -> StepGrads:
@@ -231,12 +281,14 @@ class StarBatch:
         b_pop (model.population_bias) is not in the full prediction: its slot holds zeros here, and its own
         gradient (`population_bias_gradient`) replaces them."""
         offset = [self.offset] if self.private_offset else []
-        used = [leaf for name, leaf in self.params.items() if name != "population_bias"]
+        apart = ("population_bias", "population_item_map")
+        used = [leaf for name, leaf in self.params.items() if name not in apart]
         grads = list(torch.autograd.grad(loss, [*used, self.items, self.user, *offset]))
         n = len(used)
         model = grads[:n]
-        if self.population_at is not None:
-            model.insert(self.population_at, torch.zeros_like(self.params["population_bias"]))
+        for at, name in sorted((at, name) for at, name in ((self.population_at, apart[0]), (self.readout_at, apart[1]))
+                               if at is not None):
+            model.insert(at, torch.zeros_like(self.params[name]))
         return StepGrads(model, grads[n], grads[n + 1], grads[n + 2] if offset else None)
 
     def private_gradients(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -287,11 +339,26 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
     loss_sum = torch.zeros(len(states), dtype=torch.float64, device=device)
     # the offset's shrinkage: k / n * offset^2 beside each user's mean loss (its gradient, added to the loss's)
     shrink = torch.from_numpy(2 * rule.offset_reg / x.sizes).to(device=device, dtype=x.offset.dtype)
+    # the item maps' slopes c_j (`MapTerms`), where the upload is a set of rows the server can match them against
+    map_at = tuple(x.map_names.index(name) for name in ITEM_MAPS if name in x.map_names)
+    whole_table = privacy_mode(cfg.privacy.mode).part("Device").whole_table
+    coef_sum = (torch.zeros((*x.items.shape[:2], len(map_at)), device=device) if map_at and not whole_table
+                else None)
+    set_inputs = None if coef_sum is None else x.set_inputs(rows, states, datas)  # as the server sent them
     for _ in range(rule.steps):
         weights = x.minibatch_weights(rngs, rule.batch_size)
-        per_user = (weights * x.squared_errors()).sum(1)
+        errors = x.errors()
+        per_user = (weights * errors ** 2).sum(1)
         loss = per_user.sum()
         residuals = x.population_residuals() if rule.population_bias else None
+        if coef_sum is not None:  # d loss / d (w.x_j) of each map: the full loss's (and the population loss's)
+            with torch.no_grad():
+                full = 2 * weights * errors
+                if rule.population_item_weight:
+                    full = full + rule.population_item_weight * 2 * weights * residuals
+                slopes = {"item_bias_map": full, "population_item_map": None if residuals is None
+                          else 2 * weights * residuals}
+                coef_sum += torch.stack([slopes[x.map_names[at]] for at in map_at], -1)
         if rule.population_item_weight:  # the items' own terms also learn the population part (the private ones not)
             loss = loss + rule.population_item_weight * (weights * residuals ** 2).sum()
         grads = x.gradients(loss)
@@ -299,6 +366,9 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
         if rule.population_bias:  # b_pop: the user's mean population residual, whatever its count or local.loss
             pop = population_bias_gradient(weights, residuals.detach())
             model_step[x.population_at] = torch.clamp(pop, -rule.clip, rule.clip) if rule.delta else pop
+        if rule.population_readout:  # w_pop: the gradient of the user's mean population loss, rows held fixed
+            readout = torch.autograd.grad((weights * residuals ** 2).sum(), x.params["population_item_map"])[0]
+            model_step[x.readout_at] = torch.clamp(readout, -rule.clip, rule.clip) if rule.delta else readout
         for acc, g in zip(model_sum, model_step):
             acc += g
         row_sum += row_step
@@ -324,8 +394,9 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
         rows_out = row_sum.detach() if steps == 1 else row_sum.detach() / steps
     offsets = (x.offset.detach().cpu().numpy().astype(np.float64) if rule.private_offset
                else np.array([st.offset for st in states]))
+    maps = None if coef_sum is None else MapTerms(map_at, coef_sum / steps, set_inputs)
     return StepBatch(model_grads, rows_out, [t for t, _ in x.counts], x.user.detach().cpu().numpy(),
-                     (loss_sum / rule.steps).cpu().numpy(), offsets)
+                     (loss_sum / rule.steps).cpu().numpy(), offsets, maps)
 
 
 def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData], batch: StepBatch,
@@ -342,9 +413,12 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
                                1) if shapes else batch.rows.new_zeros((b, 0))
         size = flat_model.shape[1]
         uploads = []
+        starts = [0, *ends[:-1]]
         for k, (st, data, rng) in enumerate(zip(states, datas, rngs)):
             real = batch.rows[k, : batch.counts[k]]
-            upload = _merged(st, data, rng, flat_model[k], real)
+            maps = None if batch.maps is None else MapTerms(
+                tuple(starts[at] for at in batch.maps.at), batch.maps.coefs[k, : batch.counts[k]], batch.maps.inputs[k])
+            upload = _merged(st, data, rng, flat_model[k], real, maps)
             if not torch.isfinite(upload).all():
                 # a step that overflowed, or pseudo rows fitted to a huge one (a download within the bounds can do it to
                 # the raters of an item alone), is sent as no step: a non-finite value would pass clip and noise. No
@@ -360,26 +434,47 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
 
 
 def _merged(st: UserState, data: UserData, rng: np.random.Generator, own_model: torch.Tensor,
-            real: torch.Tensor) -> torch.Tensor:
+            real: torch.Tensor, maps: MapTerms | None = None) -> torch.Tensor:
     """One user's upload before its noise, flat in the wire's order: its model part, then the rows of its anonymity
-    set, the real rows where it rated and pseudo rows fitted to them (from its secure stream) elsewhere."""
+    set, the real rows where it rated and pseudo rows fitted to them (from its secure stream) elsewhere. With item
+    maps (`maps`, their flat offsets in `at`), each pseudo row is drawn with a slope c'_j for each map, from one
+    Gaussian fitted to the rated items' rows and slopes, and each map's gradient gains c'_j x_j (`MapTerms`)."""
     size = own_model.numel()
-    upload = own_model.new_empty(size + st.anonymity_ids.size * real.shape[1])
+    width = real.shape[1]
+    upload = own_model.new_empty(size + st.anonymity_ids.size * width)
     upload[:size] = own_model
-    rows = upload[size:].view(st.anonymity_ids.size, real.shape[1])
+    rows = upload[size:].view(st.anonymity_ids.size, width)
     is_pseudo = np.ones(st.anonymity_ids.size, bool)
     real_at = np.searchsorted(st.anonymity_ids, data.train_items)
     is_pseudo[real_at] = False
+    pseudo_at = torch.from_numpy(np.flatnonzero(is_pseudo)).to(rows.device)
     rows[torch.from_numpy(real_at).to(rows.device)] = real  # both in ascending item-id order
-    rows[torch.from_numpy(np.flatnonzero(is_pseudo)).to(rows.device)] = pseudo_gradient_rows(
-        rng, real, st.anonymity_ids.size - real_at.size)  # from the user's secure stream, as the noise
+    count = st.anonymity_ids.size - real_at.size
+    if maps is None:
+        rows[pseudo_at] = pseudo_gradient_rows(rng, real, count)  # from the user's secure stream, as the noise
+        return upload
+    # the slopes at the rows' spread, so that the fit's shrinkage towards one variance treats both alike
+    coefs = maps.coefs.to(real.dtype)
+    spread = coefs.std(0) if coefs.shape[0] > 1 else coefs.abs().amax(0)
+    unit = torch.where(spread > 0, real.std() / spread, torch.ones_like(spread)) if real.numel() > 1 else (
+        torch.ones_like(spread))
+    drawn = pseudo_gradient_rows(rng, torch.cat([real, coefs * unit], 1), count)
+    rows[pseudo_at] = drawn[:, :width]
+    slopes = drawn[:, width:] / unit
+    inputs = maps.inputs[pseudo_at]
+    d = inputs.shape[1]
+    for m, start in enumerate(maps.at):
+        upload[start : start + d] += slopes[:, m] @ inputs
     return upload
 
 
 def _as_batch(step: LocalStep, device: torch.device) -> StepBatch:
     rows = torch.from_numpy(np.asarray(step.real_rows, np.float32)).to(device)[None]
+    maps = None if step.maps is None else MapTerms(
+        step.maps.at, torch.from_numpy(np.asarray(step.maps.coefs, np.float32)).to(device)[None],
+        [torch.from_numpy(np.asarray(step.maps.inputs, np.float32)).to(device)])
     return StepBatch([torch.from_numpy(np.asarray(g, np.float32)).to(device)[None] for g in step.model_grads], rows,
-                     [rows.shape[1]], step.embedding[None], np.array([step.loss]), np.array([step.offset]))
+                     [rows.shape[1]], step.embedding[None], np.array([step.loss]), np.array([step.offset]), maps)
 
 
 def local_gradients(cfg: DeviceSections, model: RatingGNN, state: UserState, data: UserData, item_rows: np.ndarray,
