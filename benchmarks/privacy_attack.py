@@ -9,7 +9,8 @@ ranks that upload's rows by each feature and we report the mean AUC over users (
 chance), for: the full protection (pseudo rows + LDP), pseudo rows without LDP, and a
 strawman whose pseudo rows are zeros (the attack's power), on the paper's model; the first two
 again on `fedgnn_tuned`'s (GGNN with biases, summed loss: the item-bias map's features apply); then the
-model-gradient attacks, on those models and on the presets `fedgnn_tuned` and `quickstart` as they ship.
+model-gradient attacks, on those models and on the presets `fedgnn_tuned` and `quickstart` as they ship (and,
+for the attacks' power, the presets' uploads without the pseudo items' terms in the item maps' gradients).
 Every run's devices draw fresh secrets (their noise, pseudo items and pseudo
 rows; the model and the rows sent stay the same), so the AUCs move between runs: each is
 measured --repeats times and recorded as mean, standard deviation and largest. The
@@ -106,6 +107,11 @@ def main() -> None:
             model_attacks[f"pseudo rows + LDP (default), preset {preset}"] = auc
             print(f"[run {r}] model gradients, preset {preset}: "
                   + "  ".join(f"{k}={v:.3f}" for k, v in auc.items()), flush=True)
+            # the attacks' power: the same uploads without the pseudo items' terms in the item maps' gradients
+            bare = model_gradient_auc(load_config(preset, "synthetic", base), args.users, args.map_std, map_terms=False)
+            model_attacks[f"pseudo rows + LDP, no pseudo map terms, preset {preset}"] = bare
+            print(f"[run {r}] model gradients, preset {preset}, no pseudo map terms: "
+                  + "  ".join(f"{k}={v:.3f}" for k, v in bare.items()), flush=True)
         runs.append({"auc": out, "model_gradient_auc": model_attacks})
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     Path(out_path).write_text(json.dumps({

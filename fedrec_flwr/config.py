@@ -149,11 +149,6 @@ class ModelConfig:
     # LDP refuses it (`fedgnn.modes.ldp.check_config`): it would add a direction to the real rows that the pseudo
     # rows fitted to them do not imitate (the audit's AUC rose from 0.53 to 0.66). 0: t_i trains on the full loss only
     population_item_weight: float = ranged(0.0, Range(0, 100))
-    # the population part reads the items through its own map: b_pop + w_pop.x_i (+ b_i), w_pop a model weight of
-    # width dim trained on the population loss alone with the item rows held fixed, never in the full prediction.
-    # The rows then carry only what the full loss puts there, so pseudo rows still imitate them (LDP allows it); the
-    # full model's w and the users' terms are left as they are. false: the population part shares the full model's w
-    population_readout: bool = False
     # a free scalar b_i per item, carried as one extra last column of the item's row (rows of width
     # dim + 1, `models.row_width`) and added to its predictions: uploaded, clipped, noised, imitated by
     # pseudo rows and merged with the rest of the row (the privacy accounting counts the extra coordinate)
@@ -733,8 +728,7 @@ def _validate(cfg: AppConfig) -> None:
     needs_population = [key for key, value in (("model.personal_shrink", cfg.model.personal_shrink),
                                                ("server_opt.population_lr", cfg.server_opt.population_lr),
                                                ("privacy.population_clip", cfg.privacy.population_clip),
-                                               ("model.population_item_weight", cfg.model.population_item_weight),
-                                               ("model.population_readout", float(cfg.model.population_readout)))
+                                               ("model.population_item_weight", cfg.model.population_item_weight))
                         if value > 0]
     if needs_population and not cfg.model.population_bias:
         key = needs_population[0]
@@ -743,10 +737,6 @@ def _validate(cfg: AppConfig) -> None:
     if cfg.model.population_item_weight > 0 and not (cfg.model.biases or cfg.model.item_bias):
         raise ConfigError(f"config key 'model.population_item_weight' = {cfg.model.population_item_weight} needs "
                           "model.biases or model.item_bias = true (the items' own terms it trains)")
-    if cfg.model.population_readout and cfg.model.population_item_weight > 0:
-        raise ConfigError(f"config key 'model.population_readout' = true and model.population_item_weight = "
-                          f"{cfg.model.population_item_weight} both train the population part's item terms; "
-                          "choose one")
     if cfg.model.user_offset_init != "zero" and not cfg.model.user_offset:
         raise ConfigError(f"config key 'model.user_offset_init' = {cfg.model.user_offset_init!r} needs "
                           "model.user_offset = true (there is no private offset to start otherwise)")

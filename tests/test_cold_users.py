@@ -115,8 +115,7 @@ def test_an_offset_shrinkage_without_an_offset_is_refused(tmp_path):
         _cfg(tmp_path, "fedgnn_tuned", "model.user_offset_reg=5")
 
 
-@pytest.mark.parametrize("key", ["model.personal_shrink=5", "server_opt.population_lr=0.05",
-                                 "model.population_readout=true"])
+@pytest.mark.parametrize("key", ["model.personal_shrink=5", "server_opt.population_lr=0.05"])
 def test_a_population_switch_without_b_pop_is_refused(tmp_path, key):
     """The own part's weight and b_pop's rate mean nothing without b_pop: the full model's b, which the users' free
     terms leave near the midpoint, would stand in for the population part."""
@@ -146,15 +145,7 @@ def test_the_population_item_weight_is_refused_under_the_papers_ldp(tmp_path, pr
                          "set": "model.population_bias=true model.population_item_weight=1"})
 
 
-def test_the_population_readout_is_the_papers_ldp_too_but_not_beside_the_item_weight(tmp_path):
-    """model.population_readout adds nothing to the rows, so the paper's LDP accepts it; with
-    model.population_item_weight both would train the population part's item terms, and the config refuses the pair."""
-    assert _cfg(tmp_path, "fedgnn_tuned", "model.population_readout=true").model.population_readout
-    with pytest.raises(ConfigError, match="model.population_readout"):
-        _cfg(tmp_path, "fedgnn_user_dp", "model.population_readout=true")
-
-
-def _local_steps(tmp_path, weight: float, *extra: str):
+def _local_steps(tmp_path, weight: float):
     """Six synthetic users' local step under fedgnn_user_dp's model with model.population_item_weight = `weight`:
     one step on all of each user's ratings, the same dropout draws and downloads whatever the weight."""
     from fedrec_flwr.data import UserPartitions, prepare_partitions
@@ -162,7 +153,7 @@ def _local_steps(tmp_path, weight: float, *extra: str):
     from fedrec_flwr.fedgnn.user import DeviceSections, FedGNNUser, MemoryStore
 
     cfg = _cfg(tmp_path, "fedgnn_user_dp", "model.dim=8", "local.steps=1", "model.dropout=0.3",
-               f"model.population_item_weight={weight}", *extra)
+               f"model.population_item_weight={weight}")
     parts = UserPartitions(prepare_partitions(cfg.data))
     meta = parts.meta
     torch.manual_seed(0)
@@ -201,30 +192,3 @@ def test_the_population_loss_on_the_items_terms_moves_their_rows_and_nothing_pri
         np.testing.assert_allclose(moved, lam * 2 * residual, rtol=1e-4, atol=1e-5)
     assert not torch.equal(with_items.model_grads[names.index("item_bias_map")],
                            without.model_grads[names.index("item_bias_map")])
-
-
-def test_the_population_readout_trains_its_own_map_and_leaves_the_rows_and_the_full_model_alone(tmp_path):
-    """With model.population_readout the population part is b_pop + w_pop.x_i + b_i, and w_pop's gradient is the
-    user's mean population loss's, 2 mean((b_pop + w_pop.x_i + b_i - r) x_i): every other part of the step (rows,
-    the full model's weights, the private embedding and offset, b_pop's pull) is what it is without it, so the rows
-    the pseudo rows imitate carry nothing new."""
-    model, users, table, without = _local_steps(tmp_path, 0.0)
-    readout_model, _, _, with_map = _local_steps(tmp_path, 0.0, "model.population_readout=true")
-    torch.testing.assert_close(with_map.rows, without.rows, rtol=0, atol=0)
-    np.testing.assert_array_equal(with_map.embeddings, without.embeddings)
-    np.testing.assert_array_equal(with_map.offsets, without.offsets)
-    names = [name for name, _ in readout_model.named_parameters()]
-    base = [name for name, _ in model.named_parameters()]
-    assert [n for n in names if n != "population_item_map"] == base  # one more weight, the others in their order
-    for name in base:
-        if name != "population_bias":  # b_pop's pull reads the population part, whose item term is now w_pop's
-            torch.testing.assert_close(with_map.model_grads[names.index(name)], without.model_grads[base.index(name)],
-                                       rtol=0, atol=0)
-    w_pop = readout_model.population_item_map.detach().numpy()
-    assert not w_pop.any()  # starts at zero: the population part starts at b_pop + b_i
-    grads = with_map.model_grads[names.index("population_item_map")].numpy()
-    for k, u in enumerate(users):
-        rows = table[u.data.train_items]
-        residual = float(readout_model.population_bias.detach()) + rows[:, :-1] @ w_pop + rows[:, -1] - (
-            u.data.train_values)
-        np.testing.assert_allclose(grads[k], 2 * (residual[:, None] * rows[:, :-1]).mean(0), rtol=1e-4, atol=1e-6)

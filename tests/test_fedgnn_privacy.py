@@ -16,6 +16,7 @@ from fedrec_flwr.audit.attacks import (
     within_upload_auc,
 )
 from fedrec_flwr.data import UserPartitions, prepare_partitions
+from fedrec_flwr.fedgnn.local_step import local_gradients
 from fedrec_flwr.fedgnn.protocol import (
     PHASE_REGISTER,
     PHASE_TRAIN,
@@ -25,7 +26,7 @@ from fedrec_flwr.fedgnn.protocol import (
     model_gradients,
     split_users,
 )
-from fedrec_flwr.fedgnn.user import MemoryStore
+from fedrec_flwr.fedgnn.user import DeviceSections, MemoryStore, init_user_state
 from fedrec_flwr.models.rating_gnn import build_model
 from fedrec_flwr.privacy import clip_linf, privatize, pseudo_gradient_rows
 from tests.conftest import TEST_SECRET
@@ -133,16 +134,14 @@ def test_attack_has_power_against_naive_padding(tiny_cfg):
 
 @pytest.mark.parametrize("model", [
     (), ("model.gnn=ggnn", "model.biases=true", "data.item_features=true"),
-    ("model.gnn=ggnn", "model.biases=true", "local.loss=sum", "local.batch_size=1000", "model.dim=256"),
-    ("model.gnn=ggnn", "model.biases=true", "local.loss=sum", "local.batch_size=1000", "model.population_bias=true",
-     "model.population_readout=true")])
+    ("model.gnn=ggnn", "model.biases=true", "local.loss=sum", "local.batch_size=1000", "model.dim=256")])
 def test_the_model_gradient_does_not_point_at_the_real_items_under_ldp(tiny_cfg, model):
     """The model gradient sums over the real items too. Matching its top singular directions
     against the rows the server sent (and, with public item features, the feature map's gradient
     against features x uploaded rows) finds them without LDP; with LDP it must stay <= 0.6.
     With `fedgnn_tuned`'s summed loss too: under LDP the device keeps the mean loss's weight gradients (scaled by
     the count of ratings, as the rows are, they scored 0.85 here).
-    An item map's gradient (w of w.x_j: model.biases, model.population_readout) is a sum of c_j x_j over the real
+    The item-bias map's gradient (w of w.x_j: model.biases) is a sum of c_j x_j over the real
     items: without the pseudo items' terms its projections on the sent rows, alone or times the uploaded rows' part
     along w, found them (0.67 and 0.75 on fedgnn_tuned's model under LDP, 0.88 without LDP); with them, <= 0.6."""
     sizes = ("model.dim=64", "data.synthetic.num_items=200", "data.synthetic.mean_degree=15",
@@ -159,18 +158,13 @@ def test_the_model_gradient_does_not_point_at_the_real_items_under_ldp(tiny_cfg,
         assert max(open_auc["sent rows vs map gradients"], open_auc["map gradient vs uploaded row"]) <= 0.6, open_auc
 
 
-def test_an_item_maps_gradient_is_the_sum_of_its_slopes_times_the_rated_items_inputs(tiny_cfg):
+def test_the_item_bias_maps_gradient_is_its_slopes_times_the_rated_items_inputs(tiny_cfg):
     """The pseudo items' map terms imitate c_j x_j; that holds only if the slopes c_j the device records are the
-    ones its map's gradient is made of: the gradient of w (and of w_pop) equals the sum over the rated items of c_j
+    ones its map's gradient is made of: the gradient of w equals the sum over the rated items of c_j
     times their inputs, to float rounding, with public item features and several local steps too."""
-    from fedrec_flwr.fedgnn.local_step import local_gradients
-    from fedrec_flwr.fedgnn.user import init_user_state
-
     cfg = tiny_cfg("model.gnn=ggnn", "model.biases=true", "local.loss=sum", "local.batch_size=4", "local.steps=3",
-                   "model.population_bias=true", "model.population_readout=true", "data.item_features=true")
+                   "model.population_bias=true", "data.item_features=true")
     parts, meta = _setup(cfg)
-    from fedrec_flwr.fedgnn.user import DeviceSections
-
     device_cfg = DeviceSections.from_config(cfg)
     model = build_model(cfg.model, meta.scale.midpoint, meta.num_item_features)
     with torch.no_grad():

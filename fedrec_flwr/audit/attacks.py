@@ -45,7 +45,8 @@ from fedrec_flwr.models.rating_gnn import RatingGNN, build_model, row_width
 from fedrec_flwr.privacy.popularity import estimate_counts
 
 FEATURES = ("l2 norm", "l1 norm", "max |x|", "mean", "projection on mean row", "|top principal component|",
-            "standardised distance", "|projection on the item-bias map|", "|projection on its sign pattern|")
+            "standardised distance", "|projection on the item-bias map|", "|projection on its sign pattern|",
+            "distance off the top 2 principal components")
 # the audit's item-bias map w (model.biases) where the model has one: the untrained model's is zero, which would hide
 # the attack on it, so it is drawn at this standard deviation per entry, what a trained map holds (`quickstart`'s
 # server after 150 rounds, `fedrec run --in-process --preset quickstart --set checkpoint.every=50 [model.dim=256
@@ -60,17 +61,21 @@ AUDIT_STREAM = 9  # the audited device's stream for its step (`user_rng`): fresh
 
 def row_features(rows: np.ndarray, item_map: np.ndarray | None = None) -> np.ndarray:
     """What an attacker can compute per row of one upload [rows, len(FEATURES)]: norms, extremes, mean,
-    projections, outlyingness; and, from the model it sent, each row's projection on its item-bias map w and on
+    projections, outlyingness; from the model it sent, each row's projection on its item-bias map w and on
     w's sign pattern (`item_map`, the direction an item's own term w.x_i adds to its real rows' gradients, with 1
-    for a bias column; None: the model has none, and those two features are 0 for every row)."""
+    for a bias column; None: the model has none, and those two features are 0 for every row); and each row's
+    distance from the upload's top two principal directions (real rows lie near a low-rank subspace, their errors
+    times a few shared vectors; pseudo rows carry the fit's shrinkage spread in every direction)."""
     centred = rows - rows.mean(0)
-    top = np.linalg.svd(centred, full_matrices=False)[2][0]
+    axes = np.linalg.svd(centred, full_matrices=False)[2][:2]
+    top = axes[0]
     scale = centred.std(0) + 1e-12
     direction = np.zeros(rows.shape[1], rows.dtype) if item_map is None else item_map
     return np.stack([
         np.linalg.norm(rows, axis=1), np.abs(rows).sum(1), np.abs(rows).max(1), rows.mean(1),
         rows @ rows.mean(0), np.abs(centred @ top), np.square(centred / scale).sum(1),
         np.abs(rows @ direction), np.abs(rows @ np.sign(direction)),
+        np.linalg.norm(centred - (centred @ axes.T) @ axes, axis=1),
     ], 1)
 
 
@@ -188,7 +193,7 @@ def model_gradient_auc(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_ST
     rows; item j scores its sent row's largest |projection| on them (the best d x d weight reported).
     "feature map" (models with public item features): the map's gradient is the sum over real j
     of f_j (x) g_j, so item j scores <map gradient, f_j (x) its uploaded row g_j>.
-    "sent rows vs map gradients" (models with an item map, model.biases or model.population_readout): a map w
+    "sent rows vs map gradients" (models with an item map, model.biases): a map w
     that reads an item's input x_j (w.x_j in the prediction) has the gradient sum over real j of c_j x_j, c_j the
     loss's slope at that prediction, so item j scores |<map gradient, x_j>| (the best map reported); and "map
     gradient vs uploaded row": the uploaded row carries c_j w too, so item j scores <map gradient, x_j> times

@@ -65,10 +65,10 @@ def _dropped(g: DenseStars, masks) -> DenseStars:
     return g._replace(user=g.user * masks[0], items=g.items * masks[1], neighbours=g.neighbours * masks[2])
 
 
-# the model's maps of an item's input row into a prediction term w.x_j (model.biases, model.population_readout), in
-# model.parameters() order: each one's gradient is a sum over the rated items of c_j x_j, c_j the loss's slope at
-# that term, so its upload needs pseudo terms beside the pseudo rows (`protect`)
-ITEM_MAPS = ("item_bias_map", "population_item_map")
+# the model's maps of an item's input row into a prediction term w.x_j (model.biases), in model.parameters() order:
+# each one's gradient is a sum over the rated items of c_j x_j, c_j the loss's slope at that term, so its upload
+# needs pseudo terms beside the pseudo rows (`protect`)
+ITEM_MAPS = ("item_bias_map",)
 
 
 class MapTerms(NamedTuple):
@@ -152,7 +152,6 @@ class StepRule(NamedTuple):
     offset_reg: float  # model.user_offset_reg: k, the offset's shrinkage in pseudo-ratings
     population_bias: bool  # model.population_bias: b_pop, the population part's own global bias, trains
     population_item_weight: float  # model.population_item_weight: the population loss's weight on the items' terms
-    population_readout: bool  # model.population_readout: the population part's own map w_pop trains on its loss
 
     @classmethod
     def of(cls, cfg: DeviceSections) -> StepRule:
@@ -162,7 +161,7 @@ class StepRule(NamedTuple):
         sum_model = sum_loss and privacy_mode(cfg.privacy.mode).part("Device").sums_model_loss
         return cls(local.steps, local.batch_size, local.user_steps, local.user_lr, local.lr, cfg.privacy.clip_delta,
                    sum_loss, sum_model, local.upload == "delta", cfg.model.user_offset, cfg.model.user_offset_reg,
-                   cfg.model.population_bias, cfg.model.population_item_weight, cfg.model.population_readout)
+                   cfg.model.population_bias, cfg.model.population_item_weight)
 
     def uploaded(self, grads: StepGrads, scale: torch.Tensor | None) -> tuple[list[torch.Tensor], torch.Tensor]:
         """(model part, row part) of the step that enters the upload: the gradient, times each user's pick size
@@ -217,9 +216,6 @@ class StarBatch:
         # where b_pop (model.population_bias) sits among the model weights, or None
         self.population_at = list(self.params).index("population_bias") if "population_bias" in self.params else None
         self.map_names = list(self.params)  # the model weights' names, in upload order
-        # where w_pop (model.population_readout) sits, or None
-        self.readout_at = (list(self.params).index("population_item_map") if "population_item_map" in self.params
-                           else None)
         self.item_input = (self._rows_as_given if self.features is None
                            else self._features_into_embedding if self.item_bias else self._features_added)
 
@@ -270,10 +266,7 @@ class StarBatch:
         t_i (model.population_item_weight trains it), not in b_pop, whose gradient is `population_bias_gradient`."""
         x = self.item_input(self.items)
         d = self.dim
-        own_map = self.params.get("item_bias_map")
-        if self.readout_at is not None:  # w_pop reads rows the population loss leaves alone
-            x, own_map = x.detach(), self.params["population_item_map"]
-        terms = item_own_terms(x[..., :d], own_map, x[..., d] if self.item_bias else None)
+        terms = item_own_terms(x[..., :d], self.params.get("item_bias_map"), x[..., d] if self.item_bias else None)
         return self.params["population_bias"].detach()[:, None] + terms - self.targets
 
     def gradients(self, loss: torch.Tensor) -> StepGrads:
@@ -281,14 +274,12 @@ class StarBatch:
         b_pop (model.population_bias) is not in the full prediction: its slot holds zeros here, and its own
         gradient (`population_bias_gradient`) replaces them."""
         offset = [self.offset] if self.private_offset else []
-        apart = ("population_bias", "population_item_map")
-        used = [leaf for name, leaf in self.params.items() if name not in apart]
+        used = [leaf for name, leaf in self.params.items() if name != "population_bias"]
         grads = list(torch.autograd.grad(loss, [*used, self.items, self.user, *offset]))
         n = len(used)
         model = grads[:n]
-        for at, name in sorted((at, name) for at, name in ((self.population_at, apart[0]), (self.readout_at, apart[1]))
-                               if at is not None):
-            model.insert(at, torch.zeros_like(self.params[name]))
+        if self.population_at is not None:
+            model.insert(self.population_at, torch.zeros_like(self.params["population_bias"]))
         return StepGrads(model, grads[n], grads[n + 1], grads[n + 2] if offset else None)
 
     def private_gradients(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -351,14 +342,12 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
         per_user = (weights * errors ** 2).sum(1)
         loss = per_user.sum()
         residuals = x.population_residuals() if rule.population_bias else None
-        if coef_sum is not None:  # d loss / d (w.x_j) of each map: the full loss's (and the population loss's)
+        if coef_sum is not None:  # d loss / d (w.x_j): the full loss's (and the population loss's, user-level DP)
             with torch.no_grad():
-                full = 2 * weights * errors
+                slope = 2 * weights * errors
                 if rule.population_item_weight:
-                    full = full + rule.population_item_weight * 2 * weights * residuals
-                slopes = {"item_bias_map": full, "population_item_map": None if residuals is None
-                          else 2 * weights * residuals}
-                coef_sum += torch.stack([slopes[x.map_names[at]] for at in map_at], -1)
+                    slope = slope + rule.population_item_weight * 2 * weights * residuals
+                coef_sum += slope[..., None]
         if rule.population_item_weight:  # the items' own terms also learn the population part (the private ones not)
             loss = loss + rule.population_item_weight * (weights * residuals ** 2).sum()
         grads = x.gradients(loss)
@@ -366,9 +355,6 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
         if rule.population_bias:  # b_pop: the user's mean population residual, whatever its count or local.loss
             pop = population_bias_gradient(weights, residuals.detach())
             model_step[x.population_at] = torch.clamp(pop, -rule.clip, rule.clip) if rule.delta else pop
-        if rule.population_readout:  # w_pop: the gradient of the user's mean population loss, rows held fixed
-            readout = torch.autograd.grad((weights * residuals ** 2).sum(), x.params["population_item_map"])[0]
-            model_step[x.readout_at] = torch.clamp(readout, -rule.clip, rule.clip) if rule.delta else readout
         for acc, g in zip(model_sum, model_step):
             acc += g
         row_sum += row_step

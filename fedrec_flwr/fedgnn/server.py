@@ -183,14 +183,13 @@ class FedGNNServer:
         self.items = torch.nn.Parameter(table.to(self.device))
         params = list(self.model.parameters())
         so = server_opt
-        # server_opt.population_lr: b_pop (and w_pop, model.population_readout, registered right after it) in a group
-        # of its own (one group otherwise, as checkpoints hold it); the groups keep model.parameters() order, in which
-        # a checkpoint's optimiser state is numbered
-        pop = [p for p in (self.model.population_bias, self.model.population_item_map) if p is not None]
-        at = next((k for k, p in enumerate(params) if pop and p is pop[0]), None)
+        # server_opt.population_lr: b_pop in a group of its own (one group otherwise, as checkpoints hold it); the
+        # groups keep model.parameters() order, in which a checkpoint's optimiser state is numbered
+        pop = self.model.population_bias
+        at = next((k for k, p in enumerate(params) if p is pop), None)
         groups = params if at is None or not so.population_lr else [
-            g for g in ({"params": params[:at]}, {"params": pop, "lr": so.population_lr},
-                        {"params": params[at + len(pop):]}) if g["params"]]
+            g for g in ({"params": params[:at]}, {"params": [pop], "lr": so.population_lr},
+                        {"params": params[at + 1:]}) if g["params"]]
         if so.name == "adam":
             self.model_opt = torch.optim.Adam(groups, lr=so.lr)
             self.item_opt = torch.optim.SparseAdam([self.items], lr=so.item_rate, betas=(so.item_beta1, 0.999))

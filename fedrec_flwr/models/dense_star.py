@@ -163,8 +163,7 @@ def population_predict(model: RatingGNN, items: torch.Tensor, item_bias: torch.T
     which the users' free terms leave wherever the run started it. A cold user (no training rating) has only its
     embedding as drawn, whose dot products are noise no training corrected: this is all it can be given."""
     first = model.population_bias if model.population_bias is not None else model.bias
-    own_map = model.population_item_map if model.population_item_map is not None else model.item_bias_map
-    bias_map = None if own_map is None else own_map.detach()
+    bias_map = None if model.item_bias_map is None else model.item_bias_map.detach()
     return first.detach() + item_own_terms(items, bias_map, item_bias)
 
 

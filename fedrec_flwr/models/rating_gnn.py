@@ -59,7 +59,7 @@ class RatingGNN(nn.Module):
 
     def __init__(self, kind: str, dim: int, dropout: float = 0.0, heads: int = 1, bias_init: float = 0.0,
                  biases: bool = False, num_item_features: int = 0, item_bias: bool = False,
-                 population_bias: bool = False, population_readout: bool = False):
+                 population_bias: bool = False):
         super().__init__()
         self.dim, self.item_bias = dim, item_bias
         self.encoder = StarGraphEncoder(kind, dim, dropout, heads)
@@ -72,8 +72,6 @@ class RatingGNN(nn.Module):
         # population_predict`), trained on each user's mean (b_pop + t_i - r)^2, never in the full prediction.
         # Registered after the other direct weights: without it, the order of the weights on the wire is unchanged
         self.population_bias = nn.Parameter(torch.tensor(float(bias_init))) if population_bias else None
-        # model.population_readout: w_pop, the population part's own map of an item row (after b_pop on the wire)
-        self.population_item_map = nn.Parameter(torch.zeros(dim)) if population_readout else None
 
     def item_input(self, rows: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
         """Item node inputs: the item embedding rows plus the mapped public features of those items.
@@ -142,5 +140,4 @@ def row_width(model_cfg) -> int:
 def build_model(model_cfg, bias_init: float, num_item_features: int = 0) -> RatingGNN:
     """The RatingGNN a ModelConfig describes (taking `num_item_features` public item features)."""
     return RatingGNN(model_cfg.gnn, model_cfg.dim, model_cfg.dropout, model_cfg.heads, bias_init, model_cfg.biases,
-                     num_item_features, model_cfg.item_bias, model_cfg.population_bias,
-                     model_cfg.population_readout)
+                     num_item_features, model_cfg.item_bias, model_cfg.population_bias)
