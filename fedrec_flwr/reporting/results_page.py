@@ -98,7 +98,7 @@ ROWS: tuple[Row, ...] = (
         readme=True),
     Row(algorithm="FedGNN, `fedgnn_tuned` (GGNN + biases, ids only)", dataset="Douban (sRGCNN 3000 x 3000)",
         metric="test RMSE after 300 rounds (chosen on a validation holdout)",
-        source="ldp-mean-weights/converged-fedgnn_tuned-douban.json", where={"holdout": "test", "rounds": 300},
+        source="ldp-map-terms/converged-fedgnn_tuned-douban.json", where={"holdout": "test", "rounds": 300},
         value="final.rmse", paper=DOUBAN_PAPERS, budget=FEDGNN_LDP_SECRET,
         command="fedrec run --preset fedgnn_tuned --dataset douban --data-dir DATA --seed S",
         readme=True),
