@@ -150,8 +150,8 @@ def test_the_b_pop_coordinate_of_two_neighbours_uploads_leaks_no_more_than_its_e
     assert eps == pytest.approx(2 * p.clip_delta / p.noise_lambda)
     assert meta.scale.low < meta.scale.midpoint < meta.scale.high  # b_pop starts at the midpoint: both pulls saturate
 
-    # the raw pulls (LDP off): the mean residual 2 (b_pop - r) = +-4, times at most 1 (a weight such as n / (n + k)
-    # may shrink a user's pull, never amplify it), far outside the clip either way
+    # the raw pulls (LDP off): the mean residual 2 (b_pop - r) = +-4, at a weight of at most 1 (a device never
+    # amplifies its pull), far outside the clip either way
     open_cfg = make(*B_POP, *TUNED_LIKE, "privacy.ldp=false")
     for r in (meta.scale.low, meta.scale.high):
         weight = _server_view(open_cfg, meta, r, 3, f"raw {r}") / (2 * (meta.scale.midpoint - r))
@@ -178,7 +178,7 @@ def test_the_b_pop_coordinate_of_two_neighbours_uploads_leaks_no_more_than_its_e
 
 @pytest.mark.parametrize("server_config", [
     (),
-    ("model.personal_shrink=0",),  # every user's pull at full weight n / n
+    ("model.personal_shrink=0",),  # k weighs the prediction only: the upload is the default's
     ("local.loss=mean", "model.item_bias=false"),  # t_i = w.x_i alone
     ("local.upload=delta", "local.steps=5", "local.lr=10"),  # b_pop's local copy moves between the steps
     ("local.steps=3", "local.batch_size=2"),  # means over small picks
@@ -186,11 +186,12 @@ def test_the_b_pop_coordinate_of_two_neighbours_uploads_leaks_no_more_than_its_e
 def test_no_b_pop_item_terms_or_admitted_config_the_server_picks_lifts_b_pop_past_the_clip(tiny_cfg, monkeypatch,
                                                                                          server_config):
     """b_pop's gradient reads the downloaded b_pop, the items' own terms t_i = w.x_i + b_i (the bias map w and the
-    rows, the server's) and the run config's k and local section (the server's too, within what the config admits:
-    k >= 0, so n / (n + k) <= 1). The server sets each to the largest value a device accepts (DOWNLOAD_BOUND), b_pop
-    against the items' terms, for the largest residual of either sign: before noise the b_pop coordinate of the
-    upload stays finite and within [-delta, delta] for both neighbours, and a k that would amplify a user's pull
-    (k < 0) is refused by the config every device loads."""
+    rows, the server's) and the run config's local section (the server's too, within what the config admits). The
+    server sets each to the largest value a device accepts (DOWNLOAD_BOUND), b_pop against the items' terms, for the
+    largest residual of either sign: before noise the b_pop coordinate of the upload stays finite and within
+    [-delta, delta] for both neighbours. k (model.personal_shrink) weighs the prediction only, never the upload; a
+    negative k, which would weigh a user's own part by more than 1 (n / (n + k)), is refused by the config every
+    device loads."""
     cfg = tiny_cfg(*B_POP, *TUNED_LIKE, *server_config)
     meta = UserPartitions(prepare_partitions(cfg.data)).meta
     delta, dim = cfg.privacy.clip_delta, cfg.model.dim
