@@ -61,7 +61,8 @@ def pyg_local_step(
     params = list(model.parameters())
     # the item-bias map's slopes (d loss / d prediction of each rated item) and the set's inputs as sent, for the
     # pseudo items' map terms of an anonymity-set upload
-    maps_at = [k for k, p in enumerate(params) if p is model.item_bias_map] if cfg.privacy.mode != "user_dp" else []
+    map_at = next((k for k, p in enumerate(params) if p is model.item_bias_map), None) if (
+        cfg.privacy.mode != "user_dp") else None
     slopes = torch.zeros(data.train_items.size, device=device)
     with torch.no_grad():
         set_x = model.item_input(torch.from_numpy(item_rows).to(device),
@@ -77,7 +78,7 @@ def pyg_local_step(
         pred, _ = model(batch, user_x, model.item_input(items_x, features), None, neigh_x)
         loss = torch.mean((pred[pick] + offset - targets[pick]) ** 2)
         full = [p for p in params if p is not pop_bias]  # b_pop is not in the full prediction
-        if maps_at:
+        if map_at is not None:
             slopes += torch.autograd.grad(loss, pred, retain_graph=True)[0]
         grads = list(torch.autograd.grad(loss + shrink * offset ** 2,
                                          [*full, items_x, user_x, *([offset] if private else [])]))
@@ -120,7 +121,7 @@ def pyg_local_step(
             if private:
                 offset -= cfg.local.user_lr * g_off[0]
     steps = 1 if delta else cfg.local.steps  # delta: the whole local change over lr; gradient: the mean
-    maps = MapTerms(tuple(maps_at), (slopes / steps)[:, None].cpu().numpy(), set_x.cpu().numpy()) if maps_at else None
+    maps = None if map_at is None else MapTerms(map_at, (slopes / steps).cpu().numpy(), set_x.cpu().numpy())
     return LocalStep(
         [(g / steps).cpu().numpy() for g in grad_sum],
         (row_grad / steps).cpu().numpy(),

@@ -30,7 +30,7 @@ from scipy import stats
 
 from fedrec_flwr.config import AppConfig
 from fedrec_flwr.data import UserData, UserPartitions, prepare_partitions
-from fedrec_flwr.fedgnn.local_step import ITEM_MAPS, LocalStep, MapTerms, local_gradients, protected_upload
+from fedrec_flwr.fedgnn.local_step import LocalStep, MapTerms, local_gradients, protected_upload
 from fedrec_flwr.fedgnn.state import UserState
 from fedrec_flwr.fedgnn.user import (
     DeviceSections,
@@ -195,9 +195,9 @@ def model_gradient_auc(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_ST
     of f_j (x) g_j, so item j scores <map gradient, f_j (x) its uploaded row g_j>.
     "sent rows vs map gradients" (models with an item map, model.biases): a map w
     that reads an item's input x_j (w.x_j in the prediction) has the gradient sum over real j of c_j x_j, c_j the
-    loss's slope at that prediction, so item j scores |<map gradient, x_j>| (the best map reported); and "map
+    loss's slope at that prediction, so item j scores |<map gradient, x_j>|; and "map
     gradient vs uploaded row": the uploaded row carries c_j w too, so item j scores <map gradient, x_j> times
-    <its uploaded row, w> (the best map reported).
+    <its uploaded row, w>.
     With model.item_bias both read the embedding part of a row (its first dim columns), where the
     weights and the feature map act; the bias column is not seen by them. `map_terms` false: the uploads without the
     pseudo items' map terms (`fedgnn.local_step.MapTerms`), which shows what the map attacks find without them.
@@ -205,8 +205,8 @@ def model_gradient_auc(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_ST
     d = cfg.model.dim
     per_weight: dict[int, list[float]] = {}
     feature_map: list[float] = []
-    per_map: dict[str, list[float]] = {}
-    per_map_row: dict[str, list[float]] = {}
+    item_map: list[float] = []
+    item_map_row: list[float] = []
     for step in user_steps(cfg, users, map_std, row_std):
         upload = step.upload(cfg, map_terms)
         names = [n for n, _ in step.model.named_parameters()]
@@ -214,13 +214,11 @@ def model_gradient_auc(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_ST
         if step.data.item_features is not None:  # x_j = e_j + f_j W: the server sent W and knows f_j
             inputs = inputs + step.data.item_features[step.state.anonymity_ids] @ step.model.item_feature_map.detach(
             ).numpy()
-        for name in ITEM_MAPS:
-            if name not in names or getattr(step.model, name) is None:
-                continue
-            read = inputs @ upload[names.index(name)].reshape(-1)
-            per_map.setdefault(name, []).append(separation_auc(np.abs(read), step.is_real))
-            along = upload[-1][:, :d] @ getattr(step.model, name).detach().numpy()
-            per_map_row.setdefault(name, []).append(separation_auc(read * along, step.is_real))
+        if step.model.item_bias_map is not None:
+            read = inputs @ upload[names.index("item_bias_map")].reshape(-1)
+            item_map.append(separation_auc(np.abs(read), step.is_real))
+            along = upload[-1][:, :d] @ step.model.item_bias_map.detach().numpy()
+            item_map_row.append(separation_auc(read * along, step.is_real))
         for i, p in enumerate(step.model.parameters()):
             if p.dim() < 2 or p.shape[-1] != d or p.shape[-2] != d:
                 continue
@@ -228,14 +226,14 @@ def model_gradient_auc(cfg: AppConfig, users: int, map_std: float = AUDIT_MAP_ST
             scores = np.maximum(np.abs(step.sent[:, :d] @ left[:, 0]), np.abs(step.sent[:, :d] @ right[0]))
             per_weight.setdefault(i, []).append(separation_auc(scores, step.is_real))
         if step.data.item_features is not None:
-            g_map = upload[[n for n, _ in step.model.named_parameters()].index("item_feature_map")]
+            g_map = upload[names.index("item_feature_map")]
             features = step.data.item_features[step.state.anonymity_ids]
             feature_map.append(separation_auc(np.einsum("jk,kl,jl->j", features, g_map, upload[-1][:, :d]),
                                               step.is_real))
     out = {"sent rows vs weight gradients": max(float(np.mean(v)) for v in per_weight.values())}
-    if per_map:
-        out["sent rows vs map gradients"] = max(float(np.mean(v)) for v in per_map.values())
-        out["map gradient vs uploaded row"] = max(float(np.mean(v)) for v in per_map_row.values())
+    if item_map:
+        out["sent rows vs map gradients"] = float(np.mean(item_map))
+        out["map gradient vs uploaded row"] = float(np.mean(item_map_row))
     if feature_map:
         out["feature map"] = float(np.mean(feature_map))
     return out

@@ -65,14 +65,9 @@ def _dropped(g: DenseStars, masks) -> DenseStars:
     return g._replace(user=g.user * masks[0], items=g.items * masks[1], neighbours=g.neighbours * masks[2])
 
 
-# the model's maps of an item's input row into a prediction term w.x_j (model.biases), in model.parameters() order:
-# each one's gradient is a sum over the rated items of c_j x_j, c_j the loss's slope at that term, so its upload
-# needs pseudo terms beside the pseudo rows (`protect`)
-ITEM_MAPS = ("item_bias_map",)
-
-
 class MapTerms(NamedTuple):
-    """What the pseudo terms of the item maps' gradients need (`protect`), for one user (numpy) or a batch (tensors).
+    """What the pseudo terms of the item-bias map's gradient need (`protect`), for one user (numpy) or a batch
+    (tensors).
 
     The gradient of a map w that reads item inputs (w.x_j) is the sum over the rated items of c_j x_j, and the server
     knows every x_j it sent: |<gradient, x_j>| and its product with the uploaded row's part along w point at the rated
@@ -80,8 +75,8 @@ class MapTerms(NamedTuple):
     from one Gaussian fitted to the rated items' (row, c_j) pairs: the pseudo items then match the rated ones in the
     map's gradient as their rows do in the row part."""
 
-    at: tuple[int, ...]  # where each map sits among the model weights
-    coefs: np.ndarray | torch.Tensor  # [(B,) T, maps]: c_j of each rated item (slots past a user's count: padding)
+    at: int  # where the map sits among the model weights (in `protect`'s flat upload: its first coordinate)
+    coefs: np.ndarray | torch.Tensor  # [(B,) T]: c_j of each rated item (slots past a user's count: padding)
     inputs: list[np.ndarray] | list[torch.Tensor] | np.ndarray  # (per user) [set size, dim]: x_j of the anonymity set
 
 
@@ -215,7 +210,10 @@ class StarBatch:
         self.leaves = list(self.params.values())  # in model.parameters() order, as uploads carry them
         # where b_pop (model.population_bias) sits among the model weights, or None
         self.population_at = list(self.params).index("population_bias") if "population_bias" in self.params else None
-        self.map_names = list(self.params)  # the model weights' names, in upload order
+        # where the item-bias map w (model.biases) sits, where its gradient needs the pseudo items' terms: an upload
+        # of the anonymity set's rows, which the server can match it against (`MapTerms`); else None
+        self.map_at = (list(self.params).index("item_bias_map") if "item_bias_map" in self.params and not whole_table
+                       else None)
         self.item_input = (self._rows_as_given if self.features is None
                            else self._features_into_embedding if self.item_bias else self._features_added)
 
@@ -330,11 +328,8 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
     loss_sum = torch.zeros(len(states), dtype=torch.float64, device=device)
     # the offset's shrinkage: k / n * offset^2 beside each user's mean loss (its gradient, added to the loss's)
     shrink = torch.from_numpy(2 * rule.offset_reg / x.sizes).to(device=device, dtype=x.offset.dtype)
-    # the item maps' slopes c_j (`MapTerms`), where the upload is a set of rows the server can match them against
-    map_at = tuple(x.map_names.index(name) for name in ITEM_MAPS if name in x.map_names)
-    whole_table = privacy_mode(cfg.privacy.mode).part("Device").whole_table
-    coef_sum = (torch.zeros((*x.items.shape[:2], len(map_at)), device=device) if map_at and not whole_table
-                else None)
+    # the item-bias map's slopes c_j (`MapTerms`)
+    coef_sum = None if x.map_at is None else torch.zeros(x.items.shape[:2], device=device)
     set_inputs = None if coef_sum is None else x.set_inputs(rows, states, datas)  # as the server sent them
     for _ in range(rule.steps):
         weights = x.minibatch_weights(rngs, rule.batch_size)
@@ -347,7 +342,7 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
                 slope = 2 * weights * errors
                 if rule.population_item_weight:
                     slope = slope + rule.population_item_weight * 2 * weights * residuals
-                coef_sum += slope[..., None]
+                coef_sum += slope
         if rule.population_item_weight:  # the items' own terms also learn the population part (the private ones not)
             loss = loss + rule.population_item_weight * (weights * residuals ** 2).sum()
         grads = x.gradients(loss)
@@ -380,7 +375,7 @@ def local_steps(cfg: DeviceSections, model: RatingGNN, states: list[UserState], 
         rows_out = row_sum.detach() if steps == 1 else row_sum.detach() / steps
     offsets = (x.offset.detach().cpu().numpy().astype(np.float64) if rule.private_offset
                else np.array([st.offset for st in states]))
-    maps = None if coef_sum is None else MapTerms(map_at, coef_sum / steps, set_inputs)
+    maps = None if coef_sum is None else MapTerms(x.map_at, coef_sum / steps, set_inputs)
     return StepBatch(model_grads, rows_out, [t for t, _ in x.counts], x.user.detach().cpu().numpy(),
                      (loss_sum / rule.steps).cpu().numpy(), offsets, maps)
 
@@ -403,7 +398,7 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
         for k, (st, data, rng) in enumerate(zip(states, datas, rngs)):
             real = batch.rows[k, : batch.counts[k]]
             maps = None if batch.maps is None else MapTerms(
-                tuple(starts[at] for at in batch.maps.at), batch.maps.coefs[k, : batch.counts[k]], batch.maps.inputs[k])
+                starts[batch.maps.at], batch.maps.coefs[k, : batch.counts[k]], batch.maps.inputs[k])
             upload = _merged(st, data, rng, flat_model[k], real, maps)
             if not torch.isfinite(upload).all():
                 # a step that overflowed, or pseudo rows fitted to a huge one (a download within the bounds can do it to
@@ -422,9 +417,9 @@ def protect(cfg: DeviceSections, states: list[UserState], datas: list[UserData],
 def _merged(st: UserState, data: UserData, rng: np.random.Generator, own_model: torch.Tensor,
             real: torch.Tensor, maps: MapTerms | None = None) -> torch.Tensor:
     """One user's upload before its noise, flat in the wire's order: its model part, then the rows of its anonymity
-    set, the real rows where it rated and pseudo rows fitted to them (from its secure stream) elsewhere. With item
-    maps (`maps`, their flat offsets in `at`), each pseudo row is drawn with a slope c'_j for each map, from one
-    Gaussian fitted to the rated items' rows and slopes, and each map's gradient gains c'_j x_j (`MapTerms`)."""
+    set, the real rows where it rated and pseudo rows fitted to them (from its secure stream) elsewhere. With the
+    item-bias map (`maps`, its flat offset in `at`), each pseudo row is drawn with a slope c'_j, from one Gaussian
+    fitted to the rated items' rows and slopes, and the map's gradient gains c'_j x_j (`MapTerms`)."""
     size = own_model.numel()
     width = real.shape[1]
     upload = own_model.new_empty(size + st.anonymity_ids.size * width)
@@ -441,16 +436,12 @@ def _merged(st: UserState, data: UserData, rng: np.random.Generator, own_model: 
         return upload
     # the slopes at the rows' spread, so that the fit's shrinkage towards one variance treats both alike
     coefs = maps.coefs.to(real.dtype)
-    spread = coefs.std(0) if coefs.shape[0] > 1 else coefs.abs().amax(0)
-    unit = torch.where(spread > 0, real.std() / spread, torch.ones_like(spread)) if real.numel() > 1 else (
-        torch.ones_like(spread))
-    drawn = pseudo_gradient_rows(rng, torch.cat([real, coefs * unit], 1), count)
+    spread = coefs.std() if coefs.numel() > 1 else coefs.abs().amax()
+    unit = real.std() / spread if real.numel() > 1 and spread > 0 else torch.ones_like(spread)
+    drawn = pseudo_gradient_rows(rng, torch.cat([real, (coefs * unit)[:, None]], 1), count)
     rows[pseudo_at] = drawn[:, :width]
-    slopes = drawn[:, width:] / unit
     inputs = maps.inputs[pseudo_at]
-    d = inputs.shape[1]
-    for m, start in enumerate(maps.at):
-        upload[start : start + d] += slopes[:, m] @ inputs
+    upload[maps.at : maps.at + inputs.shape[1]] += (drawn[:, width] / unit) @ inputs
     return upload
 
 
